@@ -1,0 +1,374 @@
+"""The canonical metric model: every metric hbmwatch stores, defined once.
+
+Collectors map vendor spellings into these names; the store accepts nothing else;
+``docs/metrics.md``, the dashboards and the simulator are generated from or tested against
+this table.  Units are SI with Prometheus suffixes; counters stay counters (AMD's
+gauge-typed accumulators become counters here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from hbmwatch.validation import check_label_name, check_metric_name
+
+
+class MetricType(StrEnum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+
+
+class Scope(StrEnum):
+    """Which identity labels a metric carries."""
+
+    DEVICE = "device"
+    WORKLOAD = "workload"
+    COLLECTOR = "collector"
+
+
+#: Identity of a physical GPU or one of its logical partitions.
+DEVICE_LABELS: tuple[str, ...] = (
+    "cluster",
+    "rack",
+    "host",
+    "gpu",
+    "uuid",
+    "serial",
+    "sku",
+    "vendor",
+    "partition",
+    "compute_partition",
+    "memory_partition",
+)
+#: Where a workload runs (a subset of the device identity) ...
+WORKLOAD_PLACEMENT_LABELS: tuple[str, ...] = ("cluster", "rack", "host", "gpu", "partition")
+#: ... and what it is.  These are attributes with a cardinality cap (store settings).
+WORKLOAD_LABELS: tuple[str, ...] = ("service", "model", "phase", "job", "pod", "namespace")
+COLLECTOR_LABELS: tuple[str, ...] = ("cluster", "rack", "host", "target", "source")
+
+SCOPE_LABELS: dict[Scope, tuple[str, ...]] = {
+    Scope.DEVICE: DEVICE_LABELS,
+    Scope.WORKLOAD: WORKLOAD_PLACEMENT_LABELS + WORKLOAD_LABELS,
+    Scope.COLLECTOR: COLLECTOR_LABELS,
+}
+SCOPE_REQUIRED: dict[Scope, tuple[str, ...]] = {
+    Scope.DEVICE: ("host", "gpu"),
+    Scope.WORKLOAD: ("service", "phase"),
+    Scope.COLLECTOR: ("target",),
+}
+
+THROTTLE_REASONS: tuple[str, ...] = (
+    "hbm_thermal",
+    "socket_thermal",
+    "vr_thermal",
+    "sw_thermal",
+    "hw_thermal",
+    "hw_slowdown",
+    "power",
+    "power_brake",
+    "prochot",
+    "board_limit",
+    "sync_boost",
+    "reliability",
+    "low_utilization",
+)
+THERMAL_THROTTLE_REASONS: tuple[str, ...] = (
+    "hbm_thermal",
+    "socket_thermal",
+    "vr_thermal",
+    "sw_thermal",
+    "hw_thermal",
+)
+CLOCK_DOMAINS: tuple[str, ...] = ("compute", "memory", "soc", "fabric", "video", "data")
+FABRICS: tuple[str, ...] = ("xgmi", "nvlink", "ualink")
+DIRECTIONS: tuple[str, ...] = ("rx", "tx")
+FABRIC_ERRORS: tuple[str, ...] = ("crc", "crc_flit", "crc_data", "replay", "recovery")
+ECC_SEVERITIES: tuple[str, ...] = ("correctable", "uncorrectable", "deferred")
+PHASES: tuple[str, ...] = ("ttft", "inter_token", "e2e", "step")
+QUANTILES: tuple[str, ...] = ("0.5", "0.95", "0.99")
+DROP_REASONS: tuple[str, ...] = (
+    "malformed",
+    "sentinel",
+    "non_finite",
+    "unmapped",
+    "series_cap",
+    "rejected_by_store",
+)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    """One canonical metric: name, unit, type, labels and help."""
+
+    name: str
+    type: MetricType
+    unit: str
+    help: str
+    scope: Scope
+    labels: tuple[str, ...] = ()
+    label_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: For counters read from fixed-width hardware registers: the widths they may wrap at.
+    wrap_bits: tuple[int, ...] = ()
+
+    @property
+    def allowed_labels(self) -> frozenset[str]:
+        return frozenset(SCOPE_LABELS[self.scope] + self.labels)
+
+    @property
+    def required_labels(self) -> tuple[str, ...]:
+        return SCOPE_REQUIRED[self.scope] + self.labels
+
+    @property
+    def is_counter(self) -> bool:
+        return self.type is MetricType.COUNTER
+
+
+def _g(name: str, unit: str, help: str, scope: Scope = Scope.DEVICE, **kw: object) -> MetricDef:
+    return MetricDef(name, MetricType.GAUGE, unit, help, scope, **kw)  # type: ignore[arg-type]
+
+
+def _c(name: str, unit: str, help: str, scope: Scope = Scope.DEVICE, **kw: object) -> MetricDef:
+    return MetricDef(name, MetricType.COUNTER, unit, help, scope, **kw)  # type: ignore[arg-type]
+
+
+_DEFINITIONS: tuple[MetricDef, ...] = (
+    # -- temperatures ---------------------------------------------------------------------
+    _g(
+        "gpu_hotspot_temperature_celsius",
+        "celsius",
+        "Hottest on-die sensor: AMD junction/hotspot, NVIDIA core GPU temperature.",
+    ),
+    _g(
+        "gpu_memory_temperature_celsius",
+        "celsius",
+        "The one HBM temperature current parts report (AMD temperature.mem, NVML field 82).",
+    ),
+    _g(
+        "gpu_hbm_stack_temperature_celsius",
+        "celsius",
+        "Per-stack HBM temperature, where a source has it (MI2xx layout, the simulator).",
+        labels=("stack",),
+    ),
+    # -- memory -----------------------------------------------------------------------------
+    _g(
+        "gpu_memory_bandwidth_utilization_ratio",
+        "ratio",
+        "Fraction of time or cycles the HBM interface is busy (DRAM active, UMC activity).",
+    ),
+    _g("gpu_memory_used_bytes", "bytes", "Device memory in use."),
+    _g("gpu_memory_total_bytes", "bytes", "Device memory size."),
+    _g("gpu_utilization_ratio", "ratio", "Fraction of time the compute engine is busy."),
+    # -- power and clocks -------------------------------------------------------------------
+    _g("gpu_power_watts", "watts", "Board or socket power draw."),
+    _g("gpu_power_limit_watts", "watts", "Enforced power cap."),
+    _c(
+        "gpu_energy_joules_total",
+        "joules",
+        "Energy used since the driver loaded.",
+        wrap_bits=(32, 64),
+    ),
+    _g(
+        "gpu_clock_hertz",
+        "hertz",
+        "Current clock by domain (compute = NVIDIA SM / AMD GFX).",
+        labels=("domain",),
+        label_values={"domain": CLOCK_DOMAINS},
+    ),
+    # -- throttling -------------------------------------------------------------------------
+    _c(
+        "gpu_throttle_seconds_total",
+        "seconds",
+        "Time clocks were held down, by reason (AMD violation residency, NVML/DCGM violation "
+        "counters).",
+        labels=("reason",),
+        label_values={"reason": THROTTLE_REASONS},
+    ),
+    _g(
+        "gpu_throttle_active",
+        "boolean",
+        "1 while a throttle reason is active (AMD violation status, NVIDIA clocks-event bits).",
+        labels=("reason",),
+        label_values={"reason": THROTTLE_REASONS},
+    ),
+    # -- fabric -----------------------------------------------------------------------------
+    _c(
+        "gpu_fabric_bytes_total",
+        "bytes",
+        "Bytes over a scale-up fabric link, by fabric kind, link and direction.",
+        labels=("fabric", "link", "direction"),
+        label_values={"fabric": FABRICS, "direction": DIRECTIONS},
+        wrap_bits=(32, 64),
+    ),
+    _c(
+        "gpu_fabric_errors_total",
+        "errors",
+        "Fabric link errors by kind (CRC, replay, recovery).",
+        labels=("fabric", "link", "error"),
+        label_values={"fabric": FABRICS, "error": FABRIC_ERRORS},
+        wrap_bits=(32, 64),
+    ),
+    _g(
+        "gpu_fabric_link_bandwidth_bytes_per_second",
+        "bytes_per_second",
+        "Negotiated bandwidth of a fabric link; a drop means a degraded or retrained link.",
+        labels=("fabric", "link"),
+        label_values={"fabric": FABRICS},
+    ),
+    _c(
+        "gpu_pcie_bytes_total",
+        "bytes",
+        "PCIe bytes by direction (NVML counters wrap at 2^32).",
+        labels=("direction",),
+        label_values={"direction": DIRECTIONS},
+        wrap_bits=(32, 64),
+    ),
+    _c("gpu_pcie_replays_total", "events", "PCIe replays.", wrap_bits=(32, 64)),
+    _c("gpu_pcie_recoveries_total", "events", "PCIe link recoveries.", wrap_bits=(32, 64)),
+    _c(
+        "gpu_pcie_naks_total",
+        "events",
+        "PCIe NAKs by direction (rx = received, tx = sent).",
+        labels=("direction",),
+        label_values={"direction": DIRECTIONS},
+        wrap_bits=(32, 64),
+    ),
+    _g("gpu_pcie_link_width_lanes", "lanes", "Negotiated PCIe link width."),
+    _g(
+        "gpu_pcie_link_speed_transfers_per_second",
+        "transfers_per_second",
+        "Negotiated PCIe link speed per lane.",
+    ),
+    _c(
+        "gpu_ecc_errors_total",
+        "errors",
+        "ECC errors by severity.",
+        labels=("severity",),
+        label_values={"severity": ECC_SEVERITIES},
+    ),
+    # -- workloads --------------------------------------------------------------------------
+    _g(
+        "workload_latency_seconds",
+        "seconds",
+        "Latency quantile per window, by service, model and phase (from histogram bucket "
+        "deltas, raw pushed latencies or training step times).",
+        scope=Scope.WORKLOAD,
+        labels=("quantile",),
+        label_values={"quantile": QUANTILES, "phase": PHASES},
+    ),
+    _g(
+        "workload_latency_resolution_seconds",
+        "seconds",
+        "Width of the histogram bucket the quantile fell in: how precise it is (0 = exact).",
+        scope=Scope.WORKLOAD,
+        labels=("quantile",),
+        label_values={"quantile": QUANTILES, "phase": PHASES},
+    ),
+    _g(
+        "workload_window_requests",
+        "requests",
+        "Observations behind the window's quantiles; a p99 of three requests is no evidence.",
+        scope=Scope.WORKLOAD,
+        label_values={"phase": PHASES},
+    ),
+    _c(
+        "workload_requests_total",
+        "requests",
+        "Requests (or training steps) completed.",
+        scope=Scope.WORKLOAD,
+        label_values={"phase": PHASES},
+    ),
+    # -- the collector itself ---------------------------------------------------------------
+    _g(
+        "hbmwatch_target_up",
+        "boolean",
+        "1 if the last scrape of the target succeeded, 0 if it failed.",
+        scope=Scope.COLLECTOR,
+    ),
+    _g(
+        "hbmwatch_scrape_duration_seconds",
+        "seconds",
+        "How long the last scrape of the target took.",
+        scope=Scope.COLLECTOR,
+    ),
+    _g(
+        "hbmwatch_scrape_samples",
+        "samples",
+        "Canonical samples the last scrape of the target produced.",
+        scope=Scope.COLLECTOR,
+    ),
+    _c(
+        "hbmwatch_scrape_dropped_total",
+        "samples",
+        "Lines or samples dropped while scraping the target, by reason.",
+        scope=Scope.COLLECTOR,
+        labels=("reason",),
+        label_values={"reason": DROP_REASONS},
+    ),
+)
+
+METRICS: dict[str, MetricDef] = {}
+for _m in _DEFINITIONS:
+    check_metric_name(_m.name)
+    for _label in _m.labels:
+        check_label_name(_label)
+    if _m.is_counter != _m.name.endswith("_total"):
+        raise AssertionError(f"{_m.name}: counters and only counters end in _total")
+    METRICS[_m.name] = _m
+
+
+def get(name: str) -> MetricDef | None:
+    return METRICS.get(name)
+
+
+def by_scope(scope: Scope) -> Iterable[MetricDef]:
+    return (m for m in METRICS.values() if m.scope is scope)
+
+
+def render_markdown() -> str:
+    """``docs/metrics.md``; a test fails when the checked-in file differs."""
+    lines = [
+        "# Canonical metrics",
+        "",
+        "Generated from `hbmwatch/metrics.py` by `hbmwatch docs metrics`; do not edit by hand.",
+        "",
+        "Every source maps into these names; the store accepts nothing else.",
+        "",
+        "## Identity labels",
+        "",
+        "| scope | labels | required |",
+        "|---|---|---|",
+    ]
+    for scope in Scope:
+        lines.append(
+            f"| {scope.value} | {', '.join(f'`{x}`' for x in SCOPE_LABELS[scope])} | "
+            f"{', '.join(f'`{x}`' for x in SCOPE_REQUIRED[scope])} |"
+        )
+    lines += [
+        "",
+        "## Metrics",
+        "",
+        "| name | type | unit | scope | labels | help |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in METRICS.values():
+        labels = []
+        for label in m.labels:
+            values = m.label_values.get(label)
+            labels.append(f"`{label}`" + (f" ({', '.join(values)})" if values else ""))
+        extra = f" Wraps at 2^{' or 2^'.join(map(str, m.wrap_bits))}." if m.wrap_bits else ""
+        lines.append(
+            f"| `{m.name}` | {m.type.value} | {m.unit} | {m.scope.value} | "
+            f"{', '.join(labels) or '-'} | {m.help}{extra} |"
+        )
+    enums = {
+        "throttle reasons": THROTTLE_REASONS,
+        "phases": PHASES,
+        "quantiles": QUANTILES,
+    }
+    lines += ["", "## Label values", ""]
+    lines += [
+        f"- {title}: {', '.join(f'`{v}`' for v in values)}" for title, values in enums.items()
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,143 @@
+"""Plain immutable records that every room passes around.
+
+Nothing here has behaviour beyond construction: collectors produce ``Sample``s, the store
+keeps them, detectors read them back.  ``SeriesKey`` caches its hash and its canonical text
+because the write path looks up one key per sample, a hundred thousand times a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class SeriesKey:
+    """A metric name plus its label set, canonically ordered.
+
+    Equal keys have equal ``text`` (the Prometheus series notation), so ``text`` is the
+    series' identity in the store's registry.
+
+    >>> k = SeriesKey("gpu_power_watts", {"host": "n1", "gpu": "0"})
+    >>> k.text
+    'gpu_power_watts{gpu="0",host="n1"}'
+    >>> k == SeriesKey("gpu_power_watts", [("gpu", "0"), ("host", "n1")])
+    True
+    >>> k.label("host")
+    'n1'
+    """
+
+    __slots__ = ("_hash", "labels", "metric", "text")
+
+    metric: str
+    labels: tuple[tuple[str, str], ...]
+    text: str
+
+    def __init__(
+        self, metric: str, labels: Mapping[str, str] | Iterable[tuple[str, str]] = ()
+    ) -> None:
+        items = labels.items() if isinstance(labels, Mapping) else labels
+        ordered = tuple(sorted((str(k), str(v)) for k, v in items if v != ""))
+        object.__setattr__(self, "metric", metric)
+        object.__setattr__(self, "labels", ordered)
+        body = ",".join(f'{k}="{_escape(v)}"' for k, v in ordered)
+        text = f"{metric}{{{body}}}"
+        object.__setattr__(self, "text", text)
+        object.__setattr__(self, "_hash", hash(text))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("SeriesKey is immutable")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SeriesKey) and other.text == self.text
+
+    def __repr__(self) -> str:
+        return f"SeriesKey({self.text})"
+
+    def __reduce__(self) -> tuple[type[SeriesKey], tuple[str, tuple[tuple[str, str], ...]]]:
+        return SeriesKey, (self.metric, self.labels)
+
+    def label(self, name: str, default: str = "") -> str:
+        for key, value in self.labels:
+            if key == name:
+                return value
+        return default
+
+    @property
+    def label_dict(self) -> dict[str, str]:
+        return dict(self.labels)
+
+    def with_labels(self, **extra: str) -> SeriesKey:
+        merged = dict(self.labels)
+        merged.update(extra)
+        return SeriesKey(self.metric, merged)
+
+
+class Sample(NamedTuple):
+    """One value of one series at one instant (milliseconds since the Unix epoch)."""
+
+    series: SeriesKey
+    timestamp_ms: int
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """A value at a time in seconds, as queries return them."""
+
+    timestamp: float
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoints:
+    """A query's answer for one series."""
+
+    series: SeriesKey
+    points: tuple[Point, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """Identity of one physical GPU or one of its logical partitions (the inventory)."""
+
+    host: str
+    gpu: str
+    cluster: str = ""
+    rack: str = ""
+    partition: str = ""
+    uuid: str = ""
+    serial: str = ""
+    vendor: str = ""
+    sku: str = ""
+    compute_partition: str = ""
+    memory_partition: str = ""
+    driver: str = ""
+
+    @property
+    def identity(self) -> tuple[str, str, str, str]:
+        return (self.cluster, self.host, self.gpu, self.partition)
+
+    def labels(self) -> dict[str, str]:
+        """The device labels a canonical device series carries (empty ones left out)."""
+        fields = (
+            "cluster",
+            "rack",
+            "host",
+            "gpu",
+            "uuid",
+            "serial",
+            "sku",
+            "vendor",
+            "partition",
+            "compute_partition",
+            "memory_partition",
+        )
+        return {f: getattr(self, f) for f in fields if getattr(self, f)}

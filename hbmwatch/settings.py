@@ -1,0 +1,119 @@
+"""All configuration in one validated object: a TOML file plus ``HBMWATCH_*`` variables.
+
+Precedence, highest first: values passed in code, environment variables
+(``HBMWATCH_STORE__URL``: sections joined by a double underscore), the TOML file
+(``--config``, else ``$HBMWATCH_CONFIG``, else ``./hbmwatch.toml`` when it exists), defaults.
+Nothing is read at import time: call ``load_settings()``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from hbmwatch.validation import ConfigError
+
+DEFAULT_CONFIG_FILE = "hbmwatch.toml"
+
+
+class StoreSettings(BaseModel):
+    url: str = Field(
+        "sqlite:///hbmwatch.db",
+        description="SQLAlchemy URL: sqlite:///FILE (default, in the working directory) or "
+        "postgresql+psycopg://USER@HOST/DB",
+    )
+    raw_retention_days: float = Field(7.0, gt=0, description="Raw samples are kept this long.")
+    rollup_1m_retention_days: float = Field(90.0, gt=0)
+    rollup_1h_retention_days: float = Field(730.0, gt=0)
+    max_future_skew_seconds: float = Field(
+        300.0, ge=0, description="Samples further ahead of the store's clock are rejected."
+    )
+    compaction_grace_seconds: float = Field(
+        90.0,
+        ge=0,
+        description="A minute is compacted into chunks this long after it ends; later samples "
+        "are still accepted and merged.",
+    )
+    max_series_total: int = Field(2_000_000, gt=0)
+    max_series_per_metric: int = Field(500_000, gt=0)
+    max_values_per_workload_label: int = Field(
+        5_000,
+        gt=0,
+        description="Cardinality cap on each workload label (service, model, pod, ...).",
+    )
+    max_series_per_query: int = Field(20_000, gt=0)
+    max_points_per_query: int = Field(2_000_000, gt=0)
+    sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
+
+    @field_validator("url")
+    @classmethod
+    def _known_backend(cls, url: str) -> str:
+        if not url.startswith(("sqlite://", "postgresql")):
+            raise ValueError("store.url must be a sqlite:/// or postgresql+psycopg:// URL")
+        return url
+
+
+class ApiSettings(BaseModel):
+    host: str = Field("127.0.0.1", description="Bind address; 127.0.0.1 unless told otherwise.")
+    port: int = Field(8427, ge=1, le=65535)
+    read_token: SecretStr | None = None
+    write_token: SecretStr | None = None
+    admin_token: SecretStr | None = None
+    open_reads: bool = Field(True, description="Allow reads without a token.")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="HBMWATCH_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    store: StoreSettings = StoreSettings()
+    api: ApiSettings = ApiSettings()
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["console", "json"] = "console"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
+
+
+def config_path(explicit: Path | None = None) -> Path | None:
+    """The TOML file to read: the one named, else ``$HBMWATCH_CONFIG``, else ./hbmwatch.toml."""
+    if explicit is not None:
+        return explicit
+    env = os.environ.get("HBMWATCH_CONFIG")
+    if env:
+        return Path(env)
+    default = Path(DEFAULT_CONFIG_FILE)
+    return default if default.exists() else None
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings; a named config file must exist."""
+    path = config_path(config)
+    if path is not None and not path.is_file():
+        raise ConfigError(f"config file {path} does not exist", field="config")
+
+    class _FromFile(Settings):
+        model_config = SettingsConfigDict(toml_file=path)
+
+    return _FromFile(**overrides)

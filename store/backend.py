@@ -1,0 +1,217 @@
+"""What SQLite and PostgreSQL do differently: bulk writes, upserts, partitions.
+
+Everything else in the store is dialect-neutral SQLAlchemy.  The hot paths go to the DBAPI
+connection directly (``executemany`` on SQLite, binary ``COPY`` on PostgreSQL), because the
+write path has to keep within 0.7 of what the driver alone can do.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Protocol
+
+from sqlalchemy import Connection, text
+
+DAY_MS = 86_400_000
+HeadRow = tuple[int, int, float]
+
+_CHUNK_COLUMNS = "series_id, start_ms, count, min, max, sum, last, data"
+_ROLLUP_COLUMNS = "series_id, start_ms, count, min, max, sum, last, last_ms"
+
+
+class Backend(Protocol):
+    name: str
+
+    def insert_head(self, conn: Connection, rows: Sequence[HeadRow]) -> int:
+        """Insert samples, ignoring ones already stored; return how many were new."""
+
+    def write_chunks(self, conn: Connection, rows: Sequence[tuple], replace: bool) -> None:
+        """Insert chunk rows (or replace them, for merges of late samples)."""
+
+    def merge_rollup_1h(self, conn: Connection, rows: Sequence[tuple]) -> None:
+        """Fold hourly partial statistics into ``rollup_1h``."""
+
+    def prepare_partitions(self, conn: Connection, first_ms: int, last_ms: int) -> None:
+        """Make sure samples between the two instants have somewhere to go."""
+
+    def drop_minute_tier_before(self, conn: Connection, cutoff_ms: int) -> int:
+        """Delete 1-minute rows (and raw chunks) older than ``cutoff_ms``."""
+
+
+def _dbapi(conn: Connection):  # type: ignore[no-untyped-def]
+    return conn.connection.driver_connection
+
+
+class SqliteBackend:
+    name = "sqlite"
+
+    def insert_head(self, conn: Connection, rows: Sequence[HeadRow]) -> int:
+        cur = _dbapi(conn).cursor()
+        try:
+            cur.executemany(
+                "INSERT OR IGNORE INTO samples_head (ts, series_id, value) VALUES (?, ?, ?)", rows
+            )
+            return cur.rowcount
+        finally:
+            cur.close()
+
+    def write_chunks(self, conn: Connection, rows: Sequence[tuple], replace: bool) -> None:
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        cur = _dbapi(conn).cursor()
+        try:
+            cur.executemany(
+                f"{verb} INTO samples_chunk ({_CHUNK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+        finally:
+            cur.close()
+
+    def merge_rollup_1h(self, conn: Connection, rows: Sequence[tuple]) -> None:
+        cur = _dbapi(conn).cursor()
+        try:
+            cur.executemany(
+                f"INSERT INTO rollup_1h ({_ROLLUP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (series_id, start_ms) DO UPDATE SET "
+                "count = count + excluded.count, min = min(min, excluded.min), "
+                "max = max(max, excluded.max), sum = sum + excluded.sum, "
+                "last = CASE WHEN excluded.last_ms >= last_ms THEN excluded.last ELSE last END, "
+                "last_ms = max(last_ms, excluded.last_ms)",
+                rows,
+            )
+        finally:
+            cur.close()
+
+    def prepare_partitions(self, conn: Connection, first_ms: int, last_ms: int) -> None:
+        return None
+
+    def drop_minute_tier_before(self, conn: Connection, cutoff_ms: int) -> int:
+        # The table is keyed (series_id, start_ms): a range delete per series stays indexed.
+        result = conn.execute(
+            text(
+                "DELETE FROM samples_chunk WHERE series_id IN (SELECT id FROM series) "
+                "AND start_ms < :cutoff"
+            ),
+            {"cutoff": cutoff_ms},
+        )
+        return result.rowcount or 0
+
+
+def partition_name(day_start_ms: int) -> str:
+    day = dt.datetime.fromtimestamp(day_start_ms / 1000, tz=dt.UTC)
+    return f"samples_chunk_p{day:%Y%m%d}"
+
+
+class PostgresBackend:
+    name = "postgresql"
+
+    def insert_head(self, conn: Connection, rows: Sequence[HeadRow]) -> int:
+        import psycopg
+
+        raw = _dbapi(conn)
+        try:
+            with raw.transaction(), raw.cursor() as cur:
+                self._copy(cur, "samples_head", rows)
+            return len(rows)
+        except psycopg.errors.UniqueViolation:
+            pass  # a retried write: take the slow, idempotent path
+        with raw.cursor() as cur:
+            cur.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS head_staging "
+                "(ts bigint, series_id bigint, value double precision) ON COMMIT DELETE ROWS"
+            )
+            self._copy(cur, "head_staging", rows)
+            cur.execute(
+                "INSERT INTO samples_head (ts, series_id, value) "
+                "SELECT DISTINCT ON (ts, series_id) ts, series_id, value FROM head_staging "
+                "ON CONFLICT DO NOTHING"
+            )
+            inserted = cur.rowcount
+            cur.execute("TRUNCATE head_staging")
+            return inserted
+
+    @staticmethod
+    def _copy(cur, table: str, rows: Sequence[HeadRow]) -> None:  # type: ignore[no-untyped-def]
+        with cur.copy(f"COPY {table} (ts, series_id, value) FROM STDIN (FORMAT BINARY)") as cp:
+            cp.set_types(["int8", "int8", "float8"])
+            for row in rows:
+                cp.write_row(row)
+
+    def write_chunks(self, conn: Connection, rows: Sequence[tuple], replace: bool) -> None:
+        conflict = (
+            "ON CONFLICT (series_id, start_ms) DO UPDATE SET count = excluded.count, "
+            "min = excluded.min, max = excluded.max, sum = excluded.sum, "
+            "last = excluded.last, data = excluded.data"
+            if replace
+            else ""
+        )
+        with _dbapi(conn).cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO samples_chunk ({_CHUNK_COLUMNS}) "
+                f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s) {conflict}",
+                rows,
+            )
+
+    def merge_rollup_1h(self, conn: Connection, rows: Sequence[tuple]) -> None:
+        with _dbapi(conn).cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO rollup_1h AS r ({_ROLLUP_COLUMNS}) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (series_id, start_ms) DO UPDATE SET "
+                "count = r.count + excluded.count, min = LEAST(r.min, excluded.min), "
+                "max = GREATEST(r.max, excluded.max), sum = r.sum + excluded.sum, "
+                "last = CASE WHEN excluded.last_ms >= r.last_ms THEN excluded.last "
+                "ELSE r.last END, last_ms = GREATEST(r.last_ms, excluded.last_ms)",
+                rows,
+            )
+
+    def prepare_partitions(self, conn: Connection, first_ms: int, last_ms: int) -> None:
+        existing = {
+            row[0]
+            for row in conn.execute(
+                text(
+                    "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                    "WHERE i.inhparent = 'samples_chunk'::regclass"
+                )
+            )
+        }
+        day = first_ms - first_ms % DAY_MS
+        while day <= last_ms:
+            name = partition_name(day)
+            if name not in existing:
+                conn.execute(
+                    text(
+                        f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF samples_chunk "
+                        f"FOR VALUES FROM ({day}) TO ({day + DAY_MS})"
+                    )
+                )
+            day += DAY_MS
+
+    def drop_minute_tier_before(self, conn: Connection, cutoff_ms: int) -> int:
+        dropped = 0
+        rows = conn.execute(
+            text(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "WHERE i.inhparent = 'samples_chunk'::regclass "
+                "AND c.relname LIKE 'samples_chunk_p%'"
+            )
+        ).all()
+        for (name,) in rows:
+            day = dt.datetime.strptime(name[len("samples_chunk_p") :], "%Y%m%d").replace(
+                tzinfo=dt.UTC
+            )
+            if int(day.timestamp() * 1000) + DAY_MS <= cutoff_ms:
+                conn.execute(text(f"DROP TABLE {name}"))
+                dropped += 1
+        result = conn.execute(
+            text("DELETE FROM samples_chunk WHERE start_ms < :cutoff"), {"cutoff": cutoff_ms}
+        )
+        return dropped + (result.rowcount or 0)
+
+
+def backend_for(dialect_name: str) -> Backend:
+    if dialect_name == "sqlite":
+        return SqliteBackend()
+    if dialect_name == "postgresql":
+        return PostgresBackend()
+    raise ValueError(f"unsupported database {dialect_name!r}")

@@ -1,0 +1,56 @@
+"""Schema migrations: ``hbmwatch migrate`` runs Alembic's upgrade to head in-process."""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+from alembic import command
+
+_PARTITION = re.compile(r"^samples_chunk_(p\d{8}|default)$")
+
+
+def include_name(name: str | None, type_: str, parent_names: dict) -> bool:  # type: ignore[type-arg]
+    """Leave PostgreSQL's day partitions out of model/migration comparisons."""
+    return not (type_ == "table" and name is not None and _PARTITION.match(name))
+
+
+def script_location() -> Path:
+    location = Path(__file__).resolve().parent.parent / "alembic"
+    if not (location / "env.py").exists():
+        raise FileNotFoundError(
+            f"Alembic scripts not found at {location}; install hbmwatch from a checkout "
+            "(pip install -e .)"
+        )
+    return location
+
+
+def alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(script_location()))
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> str | None:
+    """Migrate the database to ``revision``; return the revision it is at afterwards."""
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)
+    return current_revision(engine)
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+@functools.cache
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()

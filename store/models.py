@@ -1,0 +1,120 @@
+"""Tables, as typed SQLAlchemy models; Alembic migrations create the same schema.
+
+Samples live in two places:
+
+* ``samples_head``: the newest minutes, one row per sample, keyed (ts, series_id) so every
+  write appends at the end of the B-tree (about five times faster than (series_id, ts)).
+* ``samples_chunk``: one row per series and closed minute, holding the minute's statistics
+  (count, min, max, sum, last) -- the 1-minute rollup tier -- and the compressed raw samples
+  (``data``, set to NULL when raw retention ends).  On PostgreSQL it is partitioned by day.
+
+``rollup_1h`` holds the hourly tier.  ``store_state`` keeps watermarks, so a restarted store
+carries on where it stopped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Double,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Series(Base):
+    __tablename__ = "series"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    metric: Mapped[str] = mapped_column(String(200), index=True)
+    key: Mapped[str] = mapped_column(Text, unique=True)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON)
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class HeadSample(Base):
+    __tablename__ = "samples_head"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    ts: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    series_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    value: Mapped[float] = mapped_column(Double)
+
+
+class Chunk(Base):
+    __tablename__ = "samples_chunk"
+    __table_args__ = {
+        "sqlite_with_rowid": False,
+        "postgresql_partition_by": "RANGE (start_ms)",
+    }
+
+    series_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    start_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    count: Mapped[int] = mapped_column(Integer)
+    min: Mapped[float] = mapped_column(Double)
+    max: Mapped[float] = mapped_column(Double)
+    sum: Mapped[float] = mapped_column(Double)
+    last: Mapped[float] = mapped_column(Double)
+    data: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+
+
+class Rollup1h(Base):
+    __tablename__ = "rollup_1h"
+    __table_args__ = {"sqlite_with_rowid": False}
+
+    series_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    start_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    count: Mapped[int] = mapped_column(Integer)
+    min: Mapped[float] = mapped_column(Double)
+    max: Mapped[float] = mapped_column(Double)
+    sum: Mapped[float] = mapped_column(Double)
+    last: Mapped[float] = mapped_column(Double)
+    last_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class StoreState(Base):
+    __tablename__ = "store_state"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSON, nullable=True)
+
+
+class Device(Base):
+    """Inventory: one row per physical GPU or logical partition seen by a collector."""
+
+    __tablename__ = "devices"
+    __table_args__ = (
+        UniqueConstraint("cluster", "host", "gpu", "partition", name="uq_devices_identity"),
+        Index("ix_devices_rack", "cluster", "rack"),
+    )
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    cluster: Mapped[str] = mapped_column(String(200), default="")
+    rack: Mapped[str] = mapped_column(String(200), default="")
+    host: Mapped[str] = mapped_column(String(200))
+    gpu: Mapped[str] = mapped_column(String(20))
+    partition: Mapped[str] = mapped_column(String(20), default="")
+    uuid: Mapped[str] = mapped_column(String(200), default="")
+    serial: Mapped[str] = mapped_column(String(200), default="")
+    vendor: Mapped[str] = mapped_column(String(20), default="")
+    sku: Mapped[str] = mapped_column(String(50), default="")
+    compute_partition: Mapped[str] = mapped_column(String(20), default="")
+    memory_partition: Mapped[str] = mapped_column(String(20), default="")
+    driver: Mapped[str] = mapped_column(String(100), default="")
+    first_seen_ms: Mapped[int] = mapped_column(BigInteger)
+    last_seen_ms: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,122 @@
+"""The service as people run it: ``hbmwatch migrate`` and ``hbmwatch up`` in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from hbmwatch.settings import Settings, StoreSettings
+from store.engine import create_store_engine
+from store.store import SchemaOutdated, Store, open_store
+
+HBMWATCH = [sys.executable, "-m", "hbmwatch.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HBMWATCH_")}
+    env.update(extra)
+    return env
+
+
+def test_migrate_creates_sqlite_file_in_working_directory(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*HBMWATCH, "migrate"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "schema at revision 0001" in out.stderr
+    assert (tmp_path / "hbmwatch.db").exists()
+
+
+def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "hbmwatch.toml").write_text("[store]\nurl = 'mysql://nope'\n")
+    out = subprocess.run(
+        [*HBMWATCH, "migrate"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "store.url" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.fixture
+def running(tmp_path: Path, store_url: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*HBMWATCH, "up"],
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=clean_env(HBMWATCH_API__PORT=str(port), HBMWATCH_STORE__URL=store_url),
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            if proc.poll() is not None:
+                pytest.fail(f"hbmwatch up exited: {proc.stdout.read() if proc.stdout else ''}")
+            time.sleep(0.3)
+    else:
+        proc.kill()
+        pytest.fail("hbmwatch up did not answer /healthz within 60 s")
+    yield base, proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+
+
+def test_up_serves_health_and_readiness(running: tuple[str, subprocess.Popen[str]]) -> None:
+    base, proc = running
+    assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{base}/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["checks"] == {"store": "ok", "schema": "ok"}
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    output = proc.stdout.read() if proc.stdout else ""
+    assert "127.0.0.1" in output  # bound to loopback by default
+
+
+def test_readyz_reports_an_unreachable_store(tmp_path: Path) -> None:
+    db = tmp_path / "hbmwatch.db"
+    settings = Settings(store=StoreSettings(url=f"sqlite:///{db}"))
+    store = Store(create_store_engine(settings.store.url), settings.store)  # not migrated
+    with TestClient(create_app(settings, store)) as client:
+        response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["status"] == "not ready"
+    assert "expected 0001" in response.json()["checks"]["schema"]
+    store.close()
+
+
+def test_open_store_refuses_an_unmigrated_database(tmp_path: Path) -> None:
+    with pytest.raises(SchemaOutdated, match="run hbmwatch migrate"):
+        open_store(StoreSettings(url=f"sqlite:///{tmp_path / 'x.db'}"))
