@@ -367,3 +367,44 @@ def day_query(url: str, runs: int = 20) -> dict[str, Any]:
 def write_json(report: dict[str, Any], path: Path | None) -> None:
     if path is not None:
         path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def fleet_scenario(gpus: int, *, duration: str = "1h") -> dict[str, Any]:
+    """A mixed fleet of ``gpus`` GPUs (multiple of 64), 8 nodes a rack, four SKUs."""
+    skus = ("MI300X", "H200", "MI355X", "H100")
+    racks = [{"name": f"r{i}", "nodes": 8, "sku": skus[i % 4]} for i in range(gpus // 64)]
+    return {"name": "bench", "duration": duration, "seed": 3, "racks": racks}
+
+
+def bench_sim(*, gpus: int, steps: int) -> dict[str, Any]:
+    """Simulated seconds per wall second at 1 s steps, and the cost of rendering every page."""
+    from simulator.runner import Simulation
+    from simulator.scenario import scenario_from_dict
+
+    scenario = scenario_from_dict(fleet_scenario(gpus))
+    t0 = time.perf_counter()
+    sim = Simulation(scenario, start_unix=1_800_000_000)
+    build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        sim.step()
+    step_s = (time.perf_counter() - t0) / steps
+    t0 = time.perf_counter()
+    lines = 0
+    for node in range(len(sim.fleet.nodes)):
+        lines += (sim.node_page(node) or "").count("\n")
+    for service in range(len(sim.fleet.services)):
+        lines += sim.service_page(service).count("\n")
+    render_s = time.perf_counter() - t0
+    return {
+        "machine": machine(),
+        "gpus": sim.fleet.size,
+        "services": len(sim.fleet.services),
+        "steps": steps,
+        "build_and_warm_up_seconds": build_s,
+        "step_milliseconds": step_s * 1000,
+        "faster_than_real_time": scenario.step / step_s,
+        "render_all_pages_seconds": render_s,
+        "page_lines": lines,
+        "faster_than_real_time_with_1s_scrapes": scenario.step / (step_s + render_s),
+    }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -73,6 +74,60 @@ def up(
         settings.api.port = port
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(service.run(settings))
+
+
+@app.command()
+def sim(
+    scenario: Annotated[str, typer.Argument(help="A bundled scenario name or a TOML file.")],
+    seed: Annotated[int | None, typer.Option(help="Overrides the scenario's seed.")] = None,
+    speed: Annotated[float, typer.Option(help="Simulated seconds per wall second.")] = 1.0,
+    port: Annotated[int, typer.Option(help="First node's port (0: any free ports).")] = 9500,
+    truth: Annotated[Path, typer.Option(help="Where to write the ground truth JSON.")] = Path(
+        "hbmwatch-sim-truth.json"
+    ),
+    targets_file: Annotated[
+        Path | None, typer.Option("--targets", help="Also write the scrape targets (JSON).")
+    ] = None,
+) -> None:
+    """Serve a simulated fleet's exporter, vLLM and training endpoints on 127.0.0.1."""
+    from simulator.runner import Simulation
+    from simulator.scenario import load_scenario
+    from simulator.server import SimServer
+
+    log.configure("info")
+    if speed <= 0:
+        console.print("[red]error:[/red] --speed must be positive")
+        raise typer.Exit(2)
+    try:
+        loaded = load_scenario(scenario)
+    except HbmwatchError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+    async def serve() -> None:
+        simulation = Simulation(loaded, seed=seed)
+        server = SimServer(simulation, base_port=port, speed=speed)
+        targets = await server.start()
+        simulation.write_ground_truth(truth)
+        if targets_file is not None:
+            targets_file.write_text(json.dumps([t.as_dict() for t in targets], indent=2))
+        console.print(
+            f"scenario [bold]{loaded.name}[/bold]: {simulation.fleet.size} GPUs on "
+            f"{len(simulation.fleet.nodes)} nodes, {len(targets)} targets, "
+            f"ports {server.ports[0]}-{server.ports[-1]}, speed {speed}x; "
+            f"ground truth in {truth}"
+        )
+        for target in targets[:5]:
+            console.print(f"  {target.kind:8s} {target.url}")
+        if len(targets) > 5:
+            console.print(f"  ... and {len(targets) - 5} more (GET /targets on any port)")
+        try:
+            await server.run()
+        finally:
+            await server.close()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve())
 
 
 @bench_app.command("store")
@@ -146,6 +201,39 @@ def _print_store_report(report: dict) -> None:  # type: ignore[type-arg]
     for title, section, key, fmt in measures:
         table.add_row(title, *(fmt.format(report[f"{section}_{b}"][key]) for b in backends))
     Console(width=120).print(table)
+
+
+@bench_app.command("sim")
+def bench_sim(
+    gpus: Annotated[int, typer.Option(help="Fleet size (a multiple of 64).")] = 1024,
+    steps: Annotated[int, typer.Option(help="1 s steps to time.")] = 300,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+) -> None:
+    """How much faster than real time the simulator runs a fleet at 1 s steps."""
+    from hbmwatch import benchmarks
+
+    if gpus < 64 or gpus % 64:
+        console.print("[red]error:[/red] --gpus must be a positive multiple of 64")
+        raise typer.Exit(2)
+    log.configure("warning")
+    report = benchmarks.bench_sim(gpus=gpus, steps=steps)
+    table = Table(title=f"hbmwatch bench sim ({report['gpus']} GPUs, {steps} x 1 s steps)")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_row("inference services", f"{report['services']}")
+    table.add_row("build and thermal warm-up, s", f"{report['build_and_warm_up_seconds']:.2f}")
+    table.add_row("one 1 s step, ms", f"{report['step_milliseconds']:.1f}")
+    table.add_row(
+        "faster than real time (physics and workloads)", f"{report['faster_than_real_time']:.0f}x"
+    )
+    table.add_row("render every page once, s", f"{report['render_all_pages_seconds']:.2f}")
+    table.add_row("lines on those pages", f"{report['page_lines']:,}")
+    table.add_row(
+        "faster than real time, every page scraped each second",
+        f"{report['faster_than_real_time_with_1s_scrapes']:.1f}x",
+    )
+    Console(width=120).print(table)
+    benchmarks.write_json(report, json_out)
 
 
 @docs_app.command("metrics")

@@ -83,7 +83,8 @@ THERMAL_THROTTLE_REASONS: tuple[str, ...] = (
 )
 CLOCK_DOMAINS: tuple[str, ...] = ("compute", "memory", "soc", "fabric", "video", "data")
 FABRICS: tuple[str, ...] = ("xgmi", "nvlink", "ualink")
-DIRECTIONS: tuple[str, ...] = ("rx", "tx")
+DIRECTIONS: tuple[str, ...] = ("rx", "tx", "both")
+PCIE_DIRECTIONS: tuple[str, ...] = ("rx", "tx")
 FABRIC_ERRORS: tuple[str, ...] = ("crc", "crc_flit", "crc_data", "replay", "recovery")
 ECC_SEVERITIES: tuple[str, ...] = ("correctable", "uncorrectable", "deferred")
 PHASES: tuple[str, ...] = ("ttft", "inter_token", "e2e", "step")
@@ -196,7 +197,8 @@ _DEFINITIONS: tuple[MetricDef, ...] = (
     _c(
         "gpu_fabric_bytes_total",
         "bytes",
-        "Bytes over a scale-up fabric link, by fabric kind, link and direction.",
+        "Bytes over a scale-up fabric link, by fabric kind, link and direction (both = a "
+        "counter of the two together, as NVLink's; link all = every link).",
         labels=("fabric", "link", "direction"),
         label_values={"fabric": FABRICS, "direction": DIRECTIONS},
         wrap_bits=(32, 64),
@@ -204,7 +206,7 @@ _DEFINITIONS: tuple[MetricDef, ...] = (
     _c(
         "gpu_fabric_errors_total",
         "errors",
-        "Fabric link errors by kind (CRC, replay, recovery).",
+        "Fabric link errors by kind (CRC, replay, recovery); link all = every link.",
         labels=("fabric", "link", "error"),
         label_values={"fabric": FABRICS, "error": FABRIC_ERRORS},
         wrap_bits=(32, 64),
@@ -221,7 +223,7 @@ _DEFINITIONS: tuple[MetricDef, ...] = (
         "bytes",
         "PCIe bytes by direction (NVML counters wrap at 2^32).",
         labels=("direction",),
-        label_values={"direction": DIRECTIONS},
+        label_values={"direction": PCIE_DIRECTIONS},
         wrap_bits=(32, 64),
     ),
     _c("gpu_pcie_replays_total", "events", "PCIe replays.", wrap_bits=(32, 64)),
@@ -231,7 +233,7 @@ _DEFINITIONS: tuple[MetricDef, ...] = (
         "events",
         "PCIe NAKs by direction (rx = received, tx = sent).",
         labels=("direction",),
-        label_values={"direction": DIRECTIONS},
+        label_values={"direction": PCIE_DIRECTIONS},
         wrap_bits=(32, 64),
     ),
     _g("gpu_pcie_link_width_lanes", "lanes", "Negotiated PCIe link width."),

@@ -9,12 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+from pathlib import Path
 
 import uvicorn
 
 from api.main import create_app
 from hbmwatch import log
 from hbmwatch.settings import Settings
+from hbmwatch.validation import ConfigError
+from simulator.runner import Simulation
+from simulator.scenario import load_scenario
+from simulator.server import SimServer, Target
 from store.engine import create_store_engine
 from store.migrate import upgrade
 from store.store import Store, open_store
@@ -64,6 +69,35 @@ async def maintain(store: Store, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), COMPACT_EVERY_SECONDS)
 
 
+async def start_simulator(settings: Settings) -> tuple[SimServer, list[Target]]:
+    """Start the configured scenario's endpoints and write its ground truth."""
+    sim_settings = settings.simulator
+    scenario = load_scenario(sim_settings.scenario)
+    sim = Simulation(scenario, seed=sim_settings.seed)
+    server = SimServer(sim, base_port=sim_settings.base_port, speed=sim_settings.speed)
+    try:
+        targets = await server.start()
+    except OSError as exc:
+        await server.close()
+        raise ConfigError(
+            f"cannot serve the simulated fleet from port {sim_settings.base_port}: {exc}; set "
+            "simulator.base_port (HBMWATCH_SIMULATOR__BASE_PORT=0 picks free ports)",
+            field="simulator.base_port",
+        ) from None
+    sim.write_ground_truth(Path(sim_settings.truth_file))
+    logger.info(
+        "simulated fleet serving",
+        scenario=scenario.name,
+        gpus=sim.fleet.size,
+        nodes=len(sim.fleet.nodes),
+        targets=len(targets),
+        first_port=server.ports[0],
+        speed=sim_settings.speed,
+        ground_truth=sim_settings.truth_file,
+    )
+    return server, targets
+
+
 async def run(settings: Settings) -> None:
     revision = migrate(settings)
     store = open_store(settings.store)
@@ -77,12 +111,23 @@ async def run(settings: Settings) -> None:
     )
     stop = asyncio.Event()
     logger.info("serving", url=f"http://{settings.api.host}:{settings.api.port}")
+    sim_server: SimServer | None = None
+    if settings.simulator.enabled is not False:
+        logger.info(
+            "no real targets configured: running the bundled simulated fleet",
+            scenario=settings.simulator.scenario,
+        )
+        sim_server, _ = await start_simulator(settings)
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(maintain(store, stop))
+            if sim_server is not None:
+                group.create_task(sim_server.run(stop))
             await server.serve()
             stop.set()
     finally:
+        if sim_server is not None:
+            await sim_server.close()
         store.close()
 
 

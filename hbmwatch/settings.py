@@ -71,6 +71,22 @@ class ApiSettings(BaseModel):
     open_reads: bool = Field(True, description="Allow reads without a token.")
 
 
+class SimulatorSettings(BaseModel):
+    enabled: bool | None = Field(
+        None,
+        description="Run the simulated fleet; by default only when no real targets are set.",
+    )
+    scenario: str = Field("default", description="A bundled scenario name or a TOML file.")
+    seed: int | None = Field(None, description="Overrides the scenario's seed.")
+    speed: float = Field(1.0, gt=0, le=1000, description="Simulated seconds per wall second.")
+    base_port: int = Field(
+        9500, ge=0, le=65000, description="First node's port (0: any free ports)."
+    )
+    truth_file: str = Field(
+        "hbmwatch-sim-truth.json", description="Where each run writes its ground truth."
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="HBMWATCH_",
@@ -81,6 +97,7 @@ class Settings(BaseSettings):
 
     store: StoreSettings = StoreSettings()
     api: ApiSettings = ApiSettings()
+    simulator: SimulatorSettings = SimulatorSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["console", "json"] = "console"
 

@@ -34,6 +34,8 @@ class Sku:
     fabric: str
     fabric_links: int
     fabric_link_bytes_per_second: float
+    compute_clock_mhz: float
+    memory_clock_mhz: float
     hotspot_slowdown_c: float
     hotspot_shutdown_c: float
     memory_slowdown_c: float
@@ -83,6 +85,8 @@ SKUS: dict[str, Sku] = {
             "xgmi",
             7,
             128 * GB,
+            2100,
+            1300,
             **_AMD_CDNA3_LIMITS,
             estimate=False,
             source="AMD MI300X datasheet; " + _CDNA3_LIMITS_SOURCE,
@@ -99,6 +103,8 @@ SKUS: dict[str, Sku] = {
             "xgmi",
             7,
             128 * GB,
+            2100,
+            1300,
             **_AMD_CDNA3_LIMITS,
             estimate=False,
             source="AMD MI325X datasheet; " + _CDNA3_LIMITS_SOURCE,
@@ -115,6 +121,8 @@ SKUS: dict[str, Sku] = {
             "xgmi",
             7,
             76.8 * GB,
+            2200,
+            1600,
             **_AMD_CDNA3_LIMITS,
             estimate=False,
             source="AMD MI350 series launch; limits assumed as CDNA3 (estimate)",
@@ -131,6 +139,8 @@ SKUS: dict[str, Sku] = {
             "xgmi",
             7,
             76.8 * GB,
+            2400,
+            1600,
             **_AMD_CDNA3_LIMITS,
             estimate=False,
             source="AMD MI350 series launch; limits assumed as CDNA3 (estimate)",
@@ -147,6 +157,8 @@ SKUS: dict[str, Sku] = {
             "ualink",
             1,
             1800 * GB,
+            2400,
+            2000,
             **_AMD_CDNA3_LIMITS,
             estimate=True,
             source="AMD MI400 announcements (432 GB HBM4, ~19.6 TB/s, UALink 1.8 TB/s); "
@@ -164,6 +176,8 @@ SKUS: dict[str, Sku] = {
             "ualink",
             1,
             1800 * GB,
+            2400,
+            2000,
             **_AMD_CDNA3_LIMITS,
             estimate=True,
             source="AMD MI400 announcements; power and limits estimated",
@@ -180,6 +194,8 @@ SKUS: dict[str, Sku] = {
             "ualink",
             1,
             1800 * GB,
+            2400,
+            2000,
             **_AMD_CDNA3_LIMITS,
             estimate=True,
             source="AMD MI400 announcements; power and limits estimated",
@@ -196,6 +212,8 @@ SKUS: dict[str, Sku] = {
             "ualink",
             1,
             1800 * GB,
+            2400,
+            2000,
             **_AMD_CDNA3_LIMITS,
             estimate=True,
             source="AMD MI400 announcements (Helios 72-GPU rack); power and limits estimated",
@@ -212,6 +230,8 @@ SKUS: dict[str, Sku] = {
             "nvlink",
             18,
             50 * GB,
+            1980,
+            2619,
             **_HOPPER_LIMITS,
             estimate=False,
             source="NVIDIA H100 SXM datasheet; " + _HOPPER_LIMITS_SOURCE,
@@ -228,6 +248,8 @@ SKUS: dict[str, Sku] = {
             "nvlink",
             18,
             50 * GB,
+            1980,
+            3201,
             **_HOPPER_LIMITS,
             estimate=False,
             source="NVIDIA H200 SXM datasheet; " + _HOPPER_LIMITS_SOURCE,

@@ -72,7 +72,11 @@ def running(tmp_path: Path, store_url: str) -> Iterator[tuple[str, subprocess.Po
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=clean_env(HBMWATCH_API__PORT=str(port), HBMWATCH_STORE__URL=store_url),
+        env=clean_env(
+            HBMWATCH_API__PORT=str(port),
+            HBMWATCH_STORE__URL=store_url,
+            HBMWATCH_SIMULATOR__BASE_PORT="0",
+        ),
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

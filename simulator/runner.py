@@ -1,0 +1,156 @@
+"""A simulation run: the fleet, its physics, workloads and faults, stepped in fixed steps.
+
+The state at simulated time t depends only on the scenario, the seed and t, never on how
+fast the wall clock ran: the same scenario and seed give identical samples and ground truth.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simulator.exposition import Exposition, Readings
+from simulator.faults import FaultPlan
+from simulator.fleet import Fleet
+from simulator.physics import Physics
+from simulator.scenario import Scenario
+from simulator.workloads import Workloads
+
+DIURNAL_AMBIENT_C = {"air": 2.0, "dlc": 0.5}
+
+
+class Simulation:
+    def __init__(
+        self, scenario: Scenario, *, seed: int | None = None, start_unix: float | None = None
+    ) -> None:
+        self.scenario = scenario
+        self.seed = scenario.seed if seed is None else seed
+        if start_unix is None:
+            start_unix = scenario.start.timestamp() if scenario.start else math.floor(time.time())
+        self.start_unix = float(start_unix)
+        self.fleet = Fleet.build(scenario, self.seed)
+        self.physics = Physics(self.fleet, self.seed)
+        self.workloads = Workloads(self.fleet, self.seed)
+        self.plan = FaultPlan(self.fleet)
+        self.exposition = Exposition(self.fleet, self.physics, self.workloads)
+        self.t = 0.0
+        self.steps = 0
+        self._cooling = np.array([r.effective_cooling for r in scenario.racks])
+        self._held: dict[str, np.ndarray] = {}
+        self._stuck = np.zeros((self.fleet.size, 2), dtype=bool)
+        self.effects = self.plan.effects(0.0)
+        self.readings: Readings = {}
+        self._warm_up()
+
+    @property
+    def now_unix(self) -> float:
+        return self.start_unix + self.t
+
+    @property
+    def finished(self) -> bool:
+        return self.t >= self.scenario.duration - 1e-9
+
+    def _warm_up(self) -> None:
+        """Settle the thermal state so the run starts from a machine that has been running."""
+        t0 = self.t
+        for _ in range(300):
+            self._advance(2.0, record=False)
+        self.t = t0
+        self.readings = self.exposition.readings()
+
+    def _ambient(self) -> np.ndarray:
+        hour = (self.now_unix % 86_400) / 3600.0
+        swing = math.sin(2 * math.pi * (hour - 9.0) / 24.0)
+        return np.array([DIURNAL_AMBIENT_C[c] * swing for c in self._cooling])
+
+    def _advance(self, dt: float, record: bool = True) -> None:
+        effects = self.plan.effects(self.t) if record else self.plan.effects(-1.0)
+        demand = self.workloads.demand(self.now_unix)
+        self.physics.step(dt, demand, effects, self._ambient())
+        if record:
+            self.workloads.step(
+                dt,
+                self.now_unix,
+                self.physics,
+                effects.co_tenant_duty,
+                effects.pcie_replay_rate,
+                effects.link_bandwidth,
+            )
+            self.effects = effects
+        self.t += dt
+
+    def step(self) -> None:
+        """Advance one scenario step (``scenario.step`` seconds)."""
+        self._advance(self.scenario.step)
+        self.steps += 1
+        self._update_readings()
+
+    def advance_to(self, t: float) -> None:
+        while self.t + self.scenario.step <= t + 1e-9:
+            self.step()
+
+    def _update_readings(self) -> None:
+        fresh = self.exposition.readings()
+        stuck = self.effects.stuck
+        started = stuck & ~self._stuck
+        names = ("gpu_memory_temperature_celsius", "gpu_hotspot_temperature_celsius")
+        for col, name in enumerate(names):
+            if started[:, col].any():
+                held = self._held.setdefault(name, fresh[name].copy())
+                held[started[:, col]] = self.readings.get(name, fresh[name])[started[:, col]]
+            if stuck[:, col].any():
+                fresh[name] = np.where(stuck[:, col], self._held[name], fresh[name])
+        self._stuck = stuck.copy()
+        self.readings = fresh
+
+    # -- pages ------------------------------------------------------------------------------
+    def node_page(self, node: int) -> str | None:
+        """The node's exporter page, or None while its exporter is down."""
+        if self.effects.node_down[node]:
+            return None
+        return self.exposition.node_page(
+            self.fleet.nodes[node], self.readings, self.effects.dropout
+        )
+
+    def service_page(self, service: int) -> str:
+        return self.exposition.service_page(service)
+
+    def job_page(self, job: int) -> str:
+        return self.exposition.job_page(job)
+
+    # -- ground truth -----------------------------------------------------------------------
+    def ground_truth(self) -> dict[str, Any]:
+        services: dict[int, list[str]] = {}
+        for s in self.fleet.services:
+            services.setdefault(s.gpu, []).append(s.name)
+        jobs: dict[int, list[str]] = {}
+        for j in self.fleet.jobs:
+            for g in j.gpus:
+                jobs.setdefault(g, []).append(j.name)
+        return {
+            "scenario": self.scenario.name,
+            "seed": self.seed,
+            "start_unix": self.start_unix,
+            "duration_s": self.scenario.duration,
+            "step_s": self.scenario.step,
+            "gpus": self.fleet.size,
+            "nodes": [
+                {
+                    "host": n.host,
+                    "rack": n.rack_name,
+                    "cluster": n.cluster,
+                    "sku": n.sku.name,
+                    "exporter": n.exporter,
+                }
+                for n in self.fleet.nodes
+            ],
+            "faults": self.plan.ground_truth(self.start_unix, services, jobs),
+        }
+
+    def write_ground_truth(self, path: Path) -> None:
+        path.write_text(json.dumps(self.ground_truth(), indent=2) + "\n")

@@ -1,0 +1,168 @@
+"""Inference services and training jobs: load on the GPUs, latency out of them.
+
+Each inference service draws Poisson arrivals around a daily pattern.  A request's time to
+first token is queueing plus prefill (compute-bound: slower when clocks drop); its
+inter-token latency is decode (memory-bound: slower when HBM bandwidth is held down, a
+little slower with lower clocks).  A co-tenant's HBM copy slows only the tokens (and
+first tokens) that overlap its bursts: at 10% duty those take about 3.3x longer, so the p99
+of first-token and inter-token latency rises while their p50 stays flat, as in DOMAIN.md's
+H200 trace; end-to-end latency, an average over many tokens, rises a little.  Latencies
+land in vLLM's own histogram buckets.
+
+A training job's step takes as long as its slowest GPU's compute plus its collectives over
+the slowest link: one throttled GPU or one degraded link slows the whole job.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from collector.spellings.vllm import STEP_BUCKETS, VLLM
+from simulator.fleet import Fleet
+from simulator.physics import Demand, Physics
+
+PREFILL_SECONDS_PER_TOKEN = 25e-6
+DECODE_SECONDS_PER_TOKEN = 0.018
+CO_TENANT_SLOWDOWN = 3.3
+PCIE_SLOWDOWN_PER_REPLAY = 1.0 / 1000.0  # ttft x (1 + replays per second / 1000)
+PHASES = tuple(h.phase for h in VLLM)
+
+
+class Workloads:
+    """The fleet's services and jobs, with their cumulative histograms."""
+
+    def __init__(self, fleet: Fleet, seed: int) -> None:
+        self.fleet = fleet
+        self.rng = np.random.default_rng([seed, 4])
+        w = fleet.scenario.workload
+        self.rps = w.requests_per_second
+        self.amplitude = w.diurnal_amplitude
+        self.prompt_tokens = w.prompt_tokens
+        self.output_tokens = w.output_tokens
+        services = fleet.services
+        self.service_gpu = np.array([s.gpu for s in services], dtype=np.int64)
+        self.partitions = np.array([fleet.gpus[s.gpu].partitions for s in services])
+        self.buckets = {h.phase: np.array(h.buckets) for h in VLLM}
+        n = len(services)
+        self.counts = {p: np.zeros((n, len(self.buckets[p]) + 1), dtype=np.int64) for p in PHASES}
+        self.sums = {p: np.zeros(n) for p in PHASES}
+        self.requests = np.zeros(n, dtype=np.int64)
+        self.running = np.zeros(n)
+        self.step_buckets = np.array(STEP_BUCKETS)
+        jobs = fleet.jobs
+        self.job_counts = np.zeros((len(jobs), len(STEP_BUCKETS) + 1), dtype=np.int64)
+        self.job_sums = np.zeros(len(jobs))
+        self.job_steps = np.zeros(len(jobs), dtype=np.int64)
+        self.job_progress = np.zeros(len(jobs))
+        self.job_last_step = np.array([j.step_seconds for j in jobs], dtype=np.float64)
+        self.training_gpus = np.zeros(fleet.size, dtype=bool)
+        for job in jobs:
+            self.training_gpus[list(job.gpus)] = True
+
+    def load(self, unix: float) -> float:
+        """The daily pattern: busiest mid-afternoon UTC, quietest before dawn."""
+        hour = (unix % 86_400) / 3600.0
+        return 1.0 + self.amplitude * math.sin(2 * math.pi * (hour - 9.0) / 24.0)
+
+    def demand(self, unix: float) -> Demand:
+        n = self.fleet.size
+        load = self.load(unix)
+        per_gpu = np.zeros(n)
+        np.add.at(per_gpu, self.service_gpu, 1.0 / self.partitions)
+        compute = np.where(per_gpu > 0, 0.25 + 0.55 * load * per_gpu, 0.02)
+        memory = np.where(per_gpu > 0, 0.25 + 0.5 * load * per_gpu, 0.01)
+        compute = np.where(self.training_gpus, 0.92, compute)
+        memory = np.where(self.training_gpus, 0.65, memory)
+        fabric = np.where(self.training_gpus, 0.8, 0.0)
+        return Demand(compute, memory, fabric)
+
+    def step(
+        self,
+        dt: float,
+        unix: float,
+        physics: Physics,
+        co_tenant: np.ndarray,
+        pcie_replay_rate: np.ndarray,
+        link_bandwidth: np.ndarray,
+    ) -> None:
+        if len(self.requests):
+            self._serve(dt, unix, physics, co_tenant, pcie_replay_rate)
+        if len(self.job_steps):
+            self._train(dt, physics, link_bandwidth)
+
+    def _serve(
+        self,
+        dt: float,
+        unix: float,
+        physics: Physics,
+        co_tenant: np.ndarray,
+        pcie_replay_rate: np.ndarray,
+    ) -> None:
+        rng = self.rng
+        load = self.load(unix)
+        arrivals = rng.poisson(self.rps * load * dt, len(self.requests))
+        svc = np.repeat(np.arange(len(arrivals)), arrivals)
+        if len(svc) == 0:
+            self.running[:] = 0
+            return
+        gpu = self.service_gpu[svc]
+        clock = physics.clock_factor[gpu]
+        bandwidth = physics.bw_factor[gpu]
+        prompt = np.clip(rng.lognormal(math.log(self.prompt_tokens), 0.5, len(svc)), 1, 32_000)
+        output = np.clip(
+            rng.lognormal(math.log(self.output_tokens), 0.6, len(svc)), 1, 8_000
+        ).round()
+        utilisation = np.clip(load * 0.55 / clock, 0, 0.95)
+        wait = rng.exponential(0.02 * utilisation / (1 - utilisation))
+        prefill = prompt * PREFILL_SECONDS_PER_TOKEN / clock
+        ttft = (wait + prefill) * (1 + pcie_replay_rate[gpu] * PCIE_SLOWDOWN_PER_REPLAY)
+        itl = (
+            DECODE_SECONDS_PER_TOKEN
+            * (0.8 + 0.4 * load)
+            / (bandwidth * clock**0.25)
+            * rng.lognormal(0.0, 0.15, len(svc))
+        )
+        # A co-tenant's copy bursts (duty d) slow the tokens and first tokens they overlap.
+        duty = np.clip(co_tenant[gpu], 0, 0.9)
+        ttft = np.where(rng.random(len(svc)) < duty, ttft * CO_TENANT_SLOWDOWN, ttft)
+        e2e = ttft + output * itl * (1 + duty * (CO_TENANT_SLOWDOWN - 1))
+        self._observe("e2e", svc, e2e, None)
+        self._observe("ttft", svc, ttft, None)
+        self._observe("inter_token", svc, itl, output * (1 - duty))
+        if duty.any():
+            self._observe("inter_token", svc, itl * CO_TENANT_SLOWDOWN, output * duty)
+        self.requests += arrivals
+        self.running = arrivals * (e2e.mean() if len(e2e) else 0.0) / max(dt, 1e-9)
+
+    def _observe(
+        self, phase: str, svc: np.ndarray, values: np.ndarray, weight: np.ndarray | None
+    ) -> None:
+        counts = self.counts[phase]
+        nb = counts.shape[1]
+        bucket = np.searchsorted(self.buckets[phase], values, side="left")
+        flat = np.bincount(svc * nb + bucket, weights=weight, minlength=counts.size)
+        counts += flat.reshape(counts.shape).astype(np.int64)
+        w = values if weight is None else values * weight
+        self.sums[phase] += np.bincount(svc, weights=w, minlength=len(counts))
+
+    def _train(self, dt: float, physics: Physics, link_bandwidth: np.ndarray) -> None:
+        for job in self.fleet.jobs:
+            gpus = list(job.gpus)
+            slowest = physics.clock_factor[gpus].min()
+            link = np.where(physics.link_mask[gpus], link_bandwidth[gpus], 1.0).min()
+            step = (
+                job.step_seconds
+                * (0.75 / slowest + 0.25 / max(link, 0.05))
+                * self.rng.lognormal(0.0, 0.02)
+            )
+            self.job_last_step[job.index] = step
+            self.job_progress[job.index] += dt / step
+            done = int(self.job_progress[job.index])
+            if done:
+                self.job_progress[job.index] -= done
+                bucket = int(np.searchsorted(self.step_buckets, step, side="left"))
+                self.job_counts[job.index, bucket] += done
+                self.job_sums[job.index] += done * step
+                self.job_steps[job.index] += done

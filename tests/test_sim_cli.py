@@ -1,0 +1,122 @@
+"""`hbmwatch sim`, `hbmwatch bench sim`, and `hbmwatch up` running the default scenario."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.test_service import HBMWATCH, clean_env, free_port
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists() or not path.read_text().strip():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, f"{path} not written"
+        time.sleep(0.2)
+
+
+def test_sim_serves_targets_and_writes_ground_truth(tmp_path: Path) -> None:
+    targets, truth = tmp_path / "targets.json", tmp_path / "truth.json"
+    proc = subprocess.Popen(
+        [
+            *HBMWATCH,
+            "sim",
+            "noisy_neighbour",
+            "--seed",
+            "4",
+            "--speed",
+            "30",
+            "--port",
+            "0",
+            "--truth",
+            str(truth),
+            "--targets",
+            str(targets),
+        ],
+        cwd=tmp_path,
+        env=clean_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        _wait_for(targets, proc)
+        listed = json.loads(targets.read_text())
+        assert {t["kind"] for t in listed} == {"dme", "dcgm", "vllm"}
+        for target in listed[:3]:
+            page = httpx.get(target["url"], timeout=10).text
+            assert list(text_string_to_metric_families(page))
+        ground = json.loads(truth.read_text())
+        assert ground["seed"] == 4 and ground["faults"][0]["kind"] == "noisy_neighbour"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+
+
+def test_sim_rejects_a_bad_scenario_with_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nduration = "1h"\n[[racks]]\nname = "r0"\nnodes = 1\nsku = "Z9"\n')
+    out = subprocess.run(
+        [*HBMWATCH, "sim", str(bad)],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "racks[0]" in out.stderr and "unknown sku 'Z9'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_bench_sim_reports(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    done = subprocess.run(
+        [*HBMWATCH, "bench", "sim", "--gpus", "64", "--steps", "20", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["gpus"] == 64 and report["faster_than_real_time"] > 0
+    assert "faster than real time" in done.stdout
+
+
+def test_up_without_targets_runs_the_default_scenario(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*HBMWATCH, "up"],
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=clean_env(HBMWATCH_API__PORT=str(port), HBMWATCH_SIMULATOR__BASE_PORT="0"),
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        first_port = None
+        while first_port is None and time.monotonic() < deadline:
+            line = proc.stdout.readline() if proc.stdout else ""
+            lines.append(line)
+            if match := re.search(r"first_port=(\d+)", line):
+                first_port = int(match.group(1))
+        assert first_port, "".join(lines)
+        text = "".join(lines)
+        assert "running the bundled simulated fleet" in text and "scenario=default" in text
+        listed = httpx.get(f"http://127.0.0.1:{first_port}/targets", timeout=10).json()
+        assert len({t["labels"]["host"] for t in listed}) == 9  # 72 GPUs on 9 nodes
+        truth = json.loads((tmp_path / "hbmwatch-sim-truth.json").read_text())
+        assert truth["scenario"] == "default" and len(truth["faults"]) == 5
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
