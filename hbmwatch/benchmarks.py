@@ -408,3 +408,158 @@ def bench_sim(*, gpus: int, steps: int) -> dict[str, Any]:
         "page_lines": lines,
         "faster_than_real_time_with_1s_scrapes": scenario.step / (step_s + render_s),
     }
+
+
+def _scenario_toml(scenario: dict[str, Any]) -> str:
+    lines = [
+        f'name = "{scenario["name"]}"',
+        f'duration = "{scenario["duration"]}"',
+        f"seed = {scenario['seed']}",
+    ]
+    for rack in scenario["racks"]:
+        lines += ["", "[[racks]]", *(f"{k} = {json.dumps(v)}" for k, v in rack.items())]
+    for job in scenario.get("workload", {}).get("training", []):
+        lines += ["", "[[workload.training]]", *(f"{k} = {json.dumps(v)}" for k, v in job.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _page_of(kind: str, gpus: int) -> str:
+    """One page holding ``gpus`` GPUs of one exporter (node pages of the simulator, joined)."""
+    from simulator.runner import Simulation
+    from simulator.scenario import scenario_from_dict
+
+    sku = "MI300X" if kind == "dme" else "H100"
+    scenario = scenario_from_dict(
+        {
+            "name": "page",
+            "duration": "1h",
+            "seed": 4,
+            "racks": [{"name": "r0", "nodes": gpus // 8, "sku": sku}],
+        }
+    )
+    sim = Simulation(scenario, start_unix=1_800_000_000)
+    sim.step()
+    return "".join(sim.node_page(i) or "" for i in range(len(sim.fleet.nodes)))
+
+
+def parse_rates(kind: str, gpus: int, rounds: int = 20) -> dict[str, Any]:
+    """Lines per second: hbmwatch's cached parser + translation, and prometheus_client's."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from collector.exposition import SeriesCache, parse
+    from collector.sources.dcgm import DcgmTranslator
+    from collector.sources.dme import DmeTranslator
+
+    page = _page_of(kind, gpus)
+    lines = sum(1 for line in page.splitlines() if line and not line.startswith("#"))
+    cache = SeriesCache()
+    translator = DmeTranslator() if kind == "dme" else DcgmTranslator()
+    t0 = time.perf_counter()
+    translator.translate_text(page, 0)
+    first = time.perf_counter() - t0
+
+    def best(call: Any) -> float:
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    parse_only = best(lambda: parse(page, cache))
+    parse(page, cache)
+    translated = best(lambda: translator.translate_text(page, 0))
+    reference = best(lambda: [s for f in text_string_to_metric_families(page) for s in f.samples])
+    return {
+        "kind": kind,
+        "gpus": gpus,
+        "lines": lines,
+        "bytes": len(page),
+        "first_scrape_lines_per_second": lines / first,
+        "parse_lines_per_second": lines / parse_only,
+        "translate_lines_per_second": lines / translated,
+        "prometheus_client_lines_per_second": lines / reference,
+        "speedup_parse": reference / parse_only,
+        "speedup_translate": reference / translated,
+    }
+
+
+def scrape_to_store(gpus: int, rounds: int, workdir: Path | None = None) -> dict[str, Any]:
+    """Scrape a simulated fleet (served by another process) into SQLite, round after round."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from collector.engine import BatchingSink, ScrapeEngine
+    from collector.spool import Spool
+    from collector.targets import Target, TargetSet
+    from collector.writer import SpoolingWriter
+    from hbmwatch.service import tune_gc
+    from hbmwatch.settings import CollectorSettings
+
+    scenario = fleet_scenario(gpus)
+    scenario["workload"] = {
+        "training": [{"name": f"job{r['name']}", "racks": [r["name"]]} for r in scenario["racks"]]
+    }
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        folder = Path(tmp)
+        (folder / "fleet.toml").write_text(_scenario_toml(scenario))
+        targets_file = folder / "targets.json"
+        # The exporters run on the GPU hosts, not beside hbmwatch: a slow simulated clock
+        # (one render of every page per simulated step) keeps them off this host's cores.
+        argv = [sys.executable, "-m", "hbmwatch.cli", "sim", str(folder / "fleet.toml"),
+                "--port", "0", "--speed", "0.01", "--targets", str(targets_file),
+                "--truth", str(folder / "truth.json")]  # fmt: skip
+        sim = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while not targets_file.exists() or not targets_file.read_text().strip():
+                if time.monotonic() > deadline or sim.poll() is not None:
+                    raise RuntimeError("the simulator did not start")
+                time.sleep(0.2)
+            listed = json.loads(targets_file.read_text())
+            targets = [Target(t["kind"], t["url"], t["labels"], 1.0, 30.0) for t in listed]
+            store = _migrated_store(f"sqlite:///{folder / 'collect.db'}", time.time)
+            settings = CollectorSettings(flush_samples=50_000)
+            sink = BatchingSink(
+                SpoolingWriter(store.write, Spool(folder / "spool", 2**30)),
+                settings.flush_samples,
+                settings.flush_seconds,
+            )
+            engine = ScrapeEngine(TargetSet(settings, targets), sink, settings)
+
+            async def run() -> tuple[float, int, int]:
+                async with engine:
+                    await engine.scrape_round()  # registers every series
+                    await sink.flush()
+                    tune_gc()
+                    before = sink.totals.accepted
+                    t0 = time.perf_counter()
+                    for _ in range(rounds):
+                        await engine.scrape_round()
+                        await sink.flush()
+                    return time.perf_counter() - t0, sink.totals.accepted - before, len(targets)
+
+            elapsed, stored, n_targets = asyncio.run(run())
+            store.close()
+        finally:
+            sim.terminate()
+            sim.wait(timeout=30)
+    return {
+        "gpus": gpus,
+        "targets": n_targets,
+        "rounds": rounds,
+        "samples": stored,
+        "seconds": elapsed,
+        "samples_per_second": stored / elapsed,
+        "round_seconds": elapsed / rounds,
+    }
+
+
+def bench_collect(*, gpus: int, page_gpus: int, rounds: int) -> dict[str, Any]:
+    return {
+        "machine": machine(),
+        "parse_dme": parse_rates("dme", page_gpus),
+        "parse_dcgm": parse_rates("dcgm", page_gpus),
+        "scrape_to_store": scrape_to_store(gpus, rounds),
+    }

@@ -77,6 +77,56 @@ def up(
 
 
 @app.command()
+def collect(
+    config: ConfigOption = None,
+    targets: Annotated[
+        Path | None, typer.Option(help="A target file (JSON or TOML) to scrape, re-read on change.")
+    ] = None,
+    once: Annotated[bool, typer.Option(help="Scrape every target once and report.")] = False,
+    seconds: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds (default: run until ^C).")
+    ] = None,
+) -> None:
+    """Run the collector alone: scrape the configured targets into the store."""
+    from hbmwatch import service
+
+    settings = _settings(config)
+    if targets is not None:
+        settings.collector.target_file = str(targets)
+    if not settings.collector.configured:
+        console.print(
+            "[red]error:[/red] no targets configured: set collector.targets, "
+            "collector.target_file or collector.local_sources (or pass --targets FILE); "
+            "`hbmwatch up` runs the simulated fleet instead"
+        )
+        raise typer.Exit(2)
+    try:
+        report = asyncio.run(service.collect(settings, once=once, seconds=seconds))
+    except KeyboardInterrupt:
+        return
+    except HbmwatchError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if once:
+        table = Table(title="one scrape of every target")
+        for column in ("target", "up", "samples", "dropped", "seconds", "error"):
+            table.add_column(column)
+        for r in report:
+            dropped = ", ".join(f"{k} {v}" for k, v in sorted(r.dropped.items())) or "-"
+            table.add_row(
+                r.target,
+                "yes" if r.up else "[red]no[/red]",
+                str(r.samples),
+                dropped,
+                f"{r.duration_s:.3f}",
+                r.error,
+            )
+        Console(width=160).print(table)
+        if not all(r.up for r in report):
+            raise typer.Exit(1)
+
+
+@app.command()
 def sim(
     scenario: Annotated[str, typer.Argument(help="A bundled scenario name or a TOML file.")],
     seed: Annotated[int | None, typer.Option(help="Overrides the scenario's seed.")] = None,
@@ -233,6 +283,46 @@ def bench_sim(
         f"{report['faster_than_real_time_with_1s_scrapes']:.1f}x",
     )
     Console(width=120).print(table)
+    benchmarks.write_json(report, json_out)
+
+
+@bench_app.command("collect")
+def bench_collect(
+    gpus: Annotated[int, typer.Option(help="Fleet scraped into SQLite (multiple of 64).")] = 1024,
+    page_gpus: Annotated[int, typer.Option(help="GPUs on the page the parsers read.")] = 64,
+    rounds: Annotated[int, typer.Option(help="Scrape rounds to time.")] = 10,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+) -> None:
+    """Parser lines/s beside prometheus_client's, and scrape-to-store samples/s."""
+    from hbmwatch import benchmarks
+
+    if gpus < 64 or gpus % 64 or page_gpus % 8:
+        console.print("[red]error:[/red] --gpus must be a multiple of 64, --page-gpus of 8")
+        raise typer.Exit(2)
+    log.configure("warning")
+    report = benchmarks.bench_collect(gpus=gpus, page_gpus=page_gpus, rounds=rounds)
+    table = Table(title=f"hbmwatch bench collect ({page_gpus}-GPU pages; {gpus}-GPU fleet)")
+    table.add_column("measure")
+    table.add_column("DME page", justify="right")
+    table.add_column("DCGM page", justify="right")
+    dme, dcgm = report["parse_dme"], report["parse_dcgm"]
+    for title, key, fmt in (
+        ("sample lines on the page", "lines", "{:,}"),
+        ("hbmwatch page -> canonical samples, lines/s", "translate_lines_per_second", "{:,.0f}"),
+        ("hbmwatch generic parser (cached series), lines/s", "parse_lines_per_second", "{:,.0f}"),
+        ("hbmwatch first scrape (cold cache), lines/s", "first_scrape_lines_per_second", "{:,.0f}"),
+        ("prometheus_client parser, lines/s", "prometheus_client_lines_per_second", "{:,.0f}"),
+        ("page -> canonical, speed-up over prometheus_client", "speedup_translate", "{:.1f}x"),
+        ("generic parser, speed-up over prometheus_client", "speedup_parse", "{:.1f}x"),
+    ):
+        table.add_row(title, fmt.format(dme[key]), fmt.format(dcgm[key]))
+    Console(width=120).print(table)
+    e2e = report["scrape_to_store"]
+    console.print(
+        f"scrape-to-store: {e2e['samples']:,} samples from {e2e['targets']} targets in "
+        f"{e2e['seconds']:.1f} s = [bold]{e2e['samples_per_second']:,.0f} samples/s[/bold] "
+        f"into SQLite ({e2e['round_seconds']:.2f} s a round of {gpus} GPUs)"
+    )
     benchmarks.write_json(report, json_out)
 
 

@@ -10,6 +10,8 @@ import structlog
 
 def configure(level: str = "info", fmt: str = "console") -> None:
     logging.basicConfig(stream=sys.stderr, level=level.upper(), format="%(message)s", force=True)
+    for noisy in ("httpx", "httpcore", "alembic", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     renderer = (
         structlog.processors.JSONRenderer()
         if fmt == "json"

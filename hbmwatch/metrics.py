@@ -91,6 +91,8 @@ PHASES: tuple[str, ...] = ("ttft", "inter_token", "e2e", "step")
 QUANTILES: tuple[str, ...] = ("0.5", "0.95", "0.99")
 DROP_REASONS: tuple[str, ...] = (
     "malformed",
+    "no_device",
+    "unsupported",
     "sentinel",
     "non_finite",
     "unmapped",

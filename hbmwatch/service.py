@@ -1,7 +1,8 @@
 """The composition root: what ``hbmwatch up`` runs, wired from the settings.
 
-For now: the store (migrated), its maintenance loop (compaction and retention) and the API.
-Later rooms (simulator, collector, detectors, alerts) join the same task group.
+The store (migrated) and its maintenance loop (compaction, retention), the simulated fleet
+when no real targets are configured, the collector, and the API, in one task group.
+Detectors and alerts join the same group.
 """
 
 from __future__ import annotations
@@ -9,11 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import socket
 from pathlib import Path
+from typing import Any
 
 import uvicorn
+from prometheus_client import CollectorRegistry
 
 from api.main import create_app
+from collector.engine import BatchingSink, ScrapeEngine
+from collector.spool import Spool
+from collector.targets import Target as CollectorTarget
+from collector.targets import TargetSet
+from collector.writer import SpoolingWriter
 from hbmwatch import log
 from hbmwatch.settings import Settings
 from hbmwatch.validation import ConfigError
@@ -98,6 +107,64 @@ async def start_simulator(settings: Settings) -> tuple[SimServer, list[Target]]:
     return server, targets
 
 
+def local_sources(settings: Settings) -> list[Any]:
+    """This host's own GPUs, read in-process (NVML, amd-smi), as configured."""
+    from collector.sources.amdsmi import (
+        AmdSmiCollector,
+        AmdSmiLibraryCollector,
+        SourceUnavailable,
+        import_amdsmi,
+    )
+    from collector.sources.nvidia_smi import NvidiaSmiCollector
+    from collector.sources.nvml import NvmlCollector, import_pynvml
+
+    sources: list[Any] = []
+    for kind in settings.collector.local_sources:
+        try:
+            if kind == "nvml":
+                source: Any = NvmlCollector(import_pynvml())
+                source.open()
+            elif kind == "amdsmi-library":
+                source = AmdSmiLibraryCollector(import_amdsmi(), host=socket.gethostname())
+                source.open()
+            elif kind == "amdsmi":
+                source = AmdSmiCollector(host=socket.gethostname())
+            else:
+                source = NvidiaSmiCollector(host=socket.gethostname())
+        except SourceUnavailable as exc:
+            raise ConfigError(
+                f"collector.local_sources: {kind}: {exc}", field="collector.local_sources"
+            ) from None
+        sources.append(source)
+    return sources
+
+
+def build_collector(
+    settings: Settings,
+    store: Store,
+    extra: list[CollectorTarget],
+    registry: CollectorRegistry | None = None,
+) -> ScrapeEngine:
+    """The collector wired to the store: spool, batching sink, targets, inventory."""
+    c = settings.collector
+    spool = Spool(Path(c.spool_dir), c.spool_max_bytes, registry)
+    sink = BatchingSink(SpoolingWriter(store.write, spool), c.flush_samples, c.flush_seconds)
+    return ScrapeEngine(
+        TargetSet(c, extra),
+        sink,
+        c,
+        inventory=store.upsert_devices,
+        local_sources=local_sources(settings),
+        registry=registry,
+    )
+
+
+def simulator_targets(targets: list[Target], settings: Settings) -> list[CollectorTarget]:
+    interval = settings.collector.interval_seconds
+    timeout = settings.collector.timeout_seconds or min(0.8 * interval, 10.0)
+    return [CollectorTarget(t.kind, t.url, dict(t.labels), interval, timeout) for t in targets]
+
+
 async def run(settings: Settings) -> None:
     revision = migrate(settings)
     store = open_store(settings.store)
@@ -112,17 +179,27 @@ async def run(settings: Settings) -> None:
     stop = asyncio.Event()
     logger.info("serving", url=f"http://{settings.api.host}:{settings.api.port}")
     sim_server: SimServer | None = None
-    if settings.simulator.enabled is not False:
+    extra: list[CollectorTarget] = []
+    simulate = settings.simulator.enabled
+    if simulate or (simulate is None and not settings.collector.configured):
         logger.info(
             "no real targets configured: running the bundled simulated fleet",
             scenario=settings.simulator.scenario,
         )
-        sim_server, _ = await start_simulator(settings)
+        sim_server, sim_targets = await start_simulator(settings)
+        extra = simulator_targets(sim_targets, settings)
+    collector = build_collector(settings, store, extra)
+    logger.info(
+        "collector starting",
+        targets=len(collector.targets.current()),
+        local_sources=len(collector.local_sources),
+    )
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(maintain(store, stop))
             if sim_server is not None:
                 group.create_task(sim_server.run(stop))
+            group.create_task(collector.run(stop))
             await server.serve()
             stop.set()
     finally:
@@ -135,3 +212,50 @@ def _redact(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+async def collect(
+    settings: Settings, *, once: bool = False, seconds: float | None = None
+) -> list[Any]:
+    """``hbmwatch collect``: the collector and the store's maintenance, nothing else."""
+    store = open_store(settings.store)
+    tune_gc()
+    collector = build_collector(settings, store, [])
+    stop = asyncio.Event()
+    try:
+        if once:
+            async with collector:
+                reports = await collector.scrape_round()
+            await collector.sink.flush()
+            return reports
+        logger.info("collector starting", targets=len(collector.targets.current()))
+        async with asyncio.TaskGroup() as group:
+            group.create_task(maintain(store, stop))
+            group.create_task(collector.run(stop))
+            group.create_task(_report_progress(collector, stop))
+            if seconds is not None:
+                await asyncio.sleep(seconds)
+                stop.set()
+        return []
+    finally:
+        stop.set()
+        store.close()
+
+
+async def _report_progress(
+    collector: ScrapeEngine, stop: asyncio.Event, every: float = 60.0
+) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+        t = collector.sink.totals
+        down = [s.target.url for s in collector.states if s.up is False]
+        logger.info(
+            "collector progress",
+            written=t.accepted,
+            rejected=t.rejected,
+            spooled=t.spooled,
+            replayed=t.replayed,
+            targets=len(collector.states),
+            down=len(down),
+        )

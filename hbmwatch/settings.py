@@ -53,6 +53,9 @@ class StoreSettings(BaseModel):
     max_series_per_query: int = Field(20_000, gt=0)
     max_points_per_query: int = Field(2_000_000, gt=0)
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
+    sqlite_busy_timeout_seconds: float = Field(
+        60.0, ge=0, description="How long a write waits for another writer's lock."
+    )
 
     @field_validator("url")
     @classmethod
@@ -69,6 +72,53 @@ class ApiSettings(BaseModel):
     write_token: SecretStr | None = None
     admin_token: SecretStr | None = None
     open_reads: bool = Field(True, description="Allow reads without a token.")
+
+
+TargetKind = Literal["dme", "dcgm", "vllm", "sglang", "tgi", "triton", "training", "mapped"]
+LocalSource = Literal["nvml", "amdsmi", "amdsmi-library", "nvidia-smi"]
+
+
+class TargetSettings(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    kind: TargetKind
+    url: str = Field(pattern=r"^https?://", description="The page to scrape.")
+    labels: dict[str, str] = Field(
+        {}, description="Static labels: cluster, rack, host; service, gpu for inference targets."
+    )
+    interval_seconds: float | None = Field(None, gt=0, le=3600)
+    timeout_seconds: float | None = Field(None, gt=0, le=600)
+    mapping: str | None = Field(None, description="Mapping file (TOML) for kind = mapped.")
+
+
+class CollectorSettings(BaseModel):
+    targets: list[TargetSettings] = []
+    target_file: str | None = Field(
+        None, description="JSON or TOML list of targets, re-read when it changes."
+    )
+    local_sources: list[LocalSource] = Field(
+        [], description="In-process sources for this host's own GPUs (NVML, amd-smi, ...)."
+    )
+    interval_seconds: float = Field(1.0, gt=0, le=3600)
+    timeout_seconds: float | None = Field(
+        None, gt=0, le=600, description="Default: 0.8 x the interval, at most 10 s."
+    )
+    max_page_bytes: int = Field(64 * 2**20, gt=0, description="Larger pages fail the scrape.")
+    series_per_target: int = Field(50_000, gt=0, description="Series cap per target.")
+    latency_window_seconds: float = Field(60.0, gt=0, le=3600)
+    spool_dir: str = Field(
+        "hbmwatch-spool", description="Where batches wait while the store is down."
+    )
+    spool_max_bytes: int = Field(512 * 2**20, gt=0)
+    flush_seconds: float = Field(
+        0.25, gt=0, le=60, description="Longest a sample waits to be written."
+    )
+    flush_samples: int = Field(20_000, gt=0)
+    inventory_seconds: float = Field(60.0, gt=0)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.targets or self.target_file or self.local_sources)
 
 
 class SimulatorSettings(BaseModel):
@@ -97,6 +147,7 @@ class Settings(BaseSettings):
 
     store: StoreSettings = StoreSettings()
     api: ApiSettings = ApiSettings()
+    collector: CollectorSettings = CollectorSettings()
     simulator: SimulatorSettings = SimulatorSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["console", "json"] = "console"

@@ -48,6 +48,8 @@ class SimServer:
         self._servers: list[asyncio.Server] = []
         self._routes: list[dict[str, Any]] = []
         self._started_wall = 0.0
+        self._connections: set[asyncio.StreamWriter] = set()
+        self._pages: dict[tuple[str, int], tuple[int, bytes]] = {}  # one render a step
 
     async def start(self) -> list[Target]:
         fleet = self.sim.fleet
@@ -115,6 +117,8 @@ class SimServer:
     async def close(self) -> None:
         for server in self._servers:
             server.close()
+        for writer in list(self._connections):  # as a stopped process, drop keep-alives
+            writer.close()
         for server in self._servers:
             await server.wait_closed()
 
@@ -140,6 +144,7 @@ class SimServer:
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             pass
         finally:
+            self._connections.discard(writer)
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
@@ -155,14 +160,20 @@ class SimServer:
         if route is None:
             return 404, f"no such path {path}; try /metrics\n".encode(), "text/plain"
         kind, index = route
+        cached = self._pages.get(route)
+        if cached is not None and cached[0] == self.sim.steps:
+            return 200, cached[1], text_type
         if kind == "node":
             page = self.sim.node_page(index)
             if page is None:
                 return 503, b"exporter unavailable (simulated target_down fault)\n", "text/plain"
-            return 200, page.encode(), text_type
-        if kind == "service":
-            return 200, self.sim.service_page(index).encode(), text_type
-        return 200, self.sim.job_page(index).encode(), text_type
+        elif kind == "service":
+            page = self.sim.service_page(index)
+        else:
+            page = self.sim.job_page(index)
+        body = page.encode()
+        self._pages[route] = (self.sim.steps, body)
+        return 200, body, text_type
 
     @staticmethod
     async def _respond(

@@ -19,7 +19,9 @@ def sqlite_path(url: str) -> Path | None:
     return Path(database) if database and database != ":memory:" else None
 
 
-def create_store_engine(url: str, *, synchronous: str = "NORMAL") -> Engine:
+def create_store_engine(
+    url: str, *, synchronous: str = "NORMAL", busy_timeout_seconds: float = 60.0
+) -> Engine:
     """An engine for ``url``; SQLite gets WAL, a busy timeout and a larger page cache."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -33,7 +35,7 @@ def create_store_engine(url: str, *, synchronous: str = "NORMAL") -> Engine:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute(f"PRAGMA synchronous={synchronous}")
-            cur.execute("PRAGMA busy_timeout=60000")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_seconds * 1000)}")
             cur.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}")
             cur.execute("PRAGMA temp_store=MEMORY")
             cur.close()

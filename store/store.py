@@ -18,12 +18,14 @@ the ``WriteResult``; nothing already accepted is lost.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
+import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge as PromGauge
 from sqlalchemy import Engine, delete, select, text
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from hbmwatch import metrics
 from hbmwatch.query import Aggregation, Selector
@@ -77,6 +80,10 @@ _ROLLUP_AGGS = frozenset(
         Aggregation.LAST,
     }
 )
+
+
+class StoreUnavailable(HbmwatchError):
+    """The database cannot be reached (down, restarting, locked): try again later."""
 
 
 class SchemaOutdated(HbmwatchError):
@@ -149,6 +156,30 @@ class StoreMetrics:
         )
 
 
+def _driver_errors() -> tuple[type[BaseException], ...]:
+    """Connection-level errors of the drivers, raised where the store uses them directly."""
+    errors: list[type[BaseException]] = [sqlite3.OperationalError, sqlite3.InterfaceError]
+    with contextlib.suppress(ImportError):
+        import psycopg
+
+        errors += [psycopg.OperationalError, psycopg.InterfaceError]
+    return tuple(errors)
+
+
+_DRIVER_ERRORS = _driver_errors()
+
+
+@contextlib.contextmanager
+def _unavailable() -> Iterator[None]:
+    """Database connection failures become StoreUnavailable (the caller may spool)."""
+    try:
+        yield
+    except (OperationalError, InterfaceError) as exc:
+        raise StoreUnavailable(f"the store is unavailable: {exc.orig}") from exc
+    except _DRIVER_ERRORS as exc:
+        raise StoreUnavailable(f"the store is unavailable: {exc}") from exc
+
+
 def _floor(ms: int, width: int) -> int:
     return ms - ms % width
 
@@ -212,7 +243,8 @@ class Store:
         Callers that write the same series again and again (collectors) resolve once and
         then call ``write_rows`` with the ids, as Prometheus' appenders hand out series refs.
         """
-        outcome = self.series_registry.create(keys)
+        with _unavailable():
+            outcome = self.series_registry.create(keys)
         self.metrics.series.set(len(self.series_registry))
         return outcome
 
@@ -258,10 +290,11 @@ class Store:
     def _store_rows(self, rows: list[tuple[int, int, float]], result: WriteResult) -> WriteResult:
         rows = self._checked(rows, result)
         if rows:
-            self._prepare_partitions(rows)
-            with self._write_lock, self.engine.begin() as conn:
-                fresh = self._drop_compacted_duplicates(conn, rows)
-                inserted = self.backend.insert_head(conn, fresh) if fresh else 0
+            with _unavailable():
+                self._prepare_partitions(rows)
+                with self._write_lock, self.engine.begin() as conn:
+                    fresh = self._drop_compacted_duplicates(conn, rows)
+                    inserted = self.backend.insert_head(conn, fresh) if fresh else 0
             result.accepted = inserted
             result.duplicates = len(rows) - inserted
         self._count(result)
@@ -919,7 +952,11 @@ def open_store(
     """Connect to the configured database (already migrated) and load the series registry."""
     from store.migrate import current_revision, head_revision
 
-    engine = create_store_engine(settings.url, synchronous=settings.sqlite_synchronous)
+    engine = create_store_engine(
+        settings.url,
+        synchronous=settings.sqlite_synchronous,
+        busy_timeout_seconds=settings.sqlite_busy_timeout_seconds,
+    )
     revision, head = current_revision(engine), head_revision()
     if revision != head:
         engine.dispose()

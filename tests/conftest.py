@@ -6,6 +6,7 @@ PostgreSQL cases skip, unless ``HBMWATCH_REQUIRE_SERVICES=1``, when they fail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -101,3 +102,64 @@ def store(store_url: str, clock: Clock) -> Iterator[Store]:
     s = make_store(store_url, clock)
     yield s
     s.close()
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+@pytest.fixture
+def private_pg() -> Iterator[dict]:
+    """A PostgreSQL server of the test's own, so the test may stop and start it."""
+    import shutil
+    import socket
+    import subprocess
+
+    if not (PG_BIN / "initdb").exists() or shutil.which("runuser") is None or os.geteuid() != 0:
+        require_service(
+            "HBMWATCH_TEST_PRIVATE_PG",
+            "a PostgreSQL server this test may restart (needs root, runuser and postgresql-15)",
+        )
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="hbmwatch-test-pg-"))  # postgres must reach it
+    os.chmod(folder, 0o755)
+    shutil.chown(folder, "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def as_postgres(*args: str) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *args], check=True, capture_output=True, timeout=120
+        )
+
+    as_postgres(str(PG_BIN / "initdb"), "-D", str(folder / "data"), "-A", "trust", "-U", "postgres")
+    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {folder} -c fsync=off"
+
+    def start() -> None:
+        as_postgres(
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(folder / "data"),
+            "-l",
+            str(folder / "log"),
+            "-w",
+            "-o",
+            options,
+            "start",
+        )
+
+    def stop() -> None:
+        as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(folder / "data"), "-m", "fast", "-w", "stop")
+
+    start()
+    try:
+        yield {
+            "url": f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres",
+            "start": start,
+            "stop": stop,
+        }
+    finally:
+        with contextlib.suppress(Exception):
+            stop()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,96 @@
+"""Read this host's GPUs with a local source for a while and write down what it saw.
+
+    python -m collector.probe nvml --seconds 60 --interval 0.5 --out nvml-probe.json
+
+Every reading, its canonical name, unit and value range; what the device does not support;
+the PCIe counter wraps seen; how long a collection takes.  Used to check a source against a
+real GPU (docs/collector.md records a run on an H200).  Needs only the standard library, the
+source's vendor binding and this repository on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from hbmwatch import metrics
+
+
+def probe(source: Any, seconds: float, interval: float) -> dict[str, Any]:
+    readings: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    durations = []
+    dropped: dict[str, int] = defaultdict(int)
+    devices = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        collected = source.collect(int(time.time() * 1000))
+        durations.append(time.perf_counter() - t0)
+        for s in collected.samples:
+            readings[s.series.text].append((s.timestamp_ms / 1000, s.value))
+        for reason, n in collected.dropped.items():
+            dropped[reason] += n
+        devices.update({"/".join(k): vars_of(d) for k, d in collected.devices.items()})
+        time.sleep(max(0.0, interval - (time.perf_counter() - t0)))
+    series = {}
+    for text, points in sorted(readings.items()):
+        metric = text.split("{", 1)[0]
+        values = [v for _, v in points]
+        definition = metrics.get(metric)
+        drops = sum(1 for a, b in zip(values, values[1:], strict=False) if b < a)
+        series[text] = {
+            "unit": definition.unit if definition else "?",
+            "type": definition.type.value if definition else "?",
+            "samples": len(values),
+            "first": values[0],
+            "last": values[-1],
+            "min": min(values),
+            "max": max(values),
+            "decreases": drops if definition and definition.is_counter else None,
+        }
+    return {
+        "source": getattr(source, "kind", type(source).__name__),
+        "seconds": seconds,
+        "interval": interval,
+        "collections": len(durations),
+        "collect_ms_median": sorted(durations)[len(durations) // 2] * 1000 if durations else None,
+        "devices": devices,
+        "unsupported": {gpu: sorted(names) for gpu, names in
+                        getattr(source, "unsupported", {}).items()},
+        "dropped": dict(dropped),
+        "series": series,
+    }
+
+
+def vars_of(device: Any) -> dict[str, str]:
+    return {f: getattr(device, f) for f in device.__slots__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", choices=["nvml"])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    from collector.sources.nvml import NvmlCollector, import_pynvml
+
+    source = NvmlCollector(import_pynvml())
+    source.open()
+    try:
+        report = probe(source, args.seconds, args.interval)
+    finally:
+        source.close()
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{report['collections']} collections, {len(report['series'])} series, "
+          f"unsupported: {report['unsupported']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

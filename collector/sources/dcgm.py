@@ -1,0 +1,106 @@
+"""NVIDIA dcgm-exporter pages -> canonical samples.
+
+Reads both generations of field names (before and after DCGM 4.6) and both spellings of
+the host label (``Hostname``, ``hostname``), drops and counts DCGM's not-supported
+sentinels, decodes the clocks-event-reasons bitmask into one active flag per throttle
+reason, and maps MIG instances (``GPU_I_ID``, ``GPU_I_PROFILE``) onto partitions.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+from collector.exposition import SeriesRef
+from collector.spellings import dcgm as spelling
+from collector.translate import Collected, LineTranslator, Mapped, add_fallbacks, device_for
+from hbmwatch.records import Device, Sample, SeriesKey
+
+
+class DcgmTranslator(LineTranslator):
+    kind = "dcgm"
+    sentinel_floor = 2_147_483_632.0  # the smallest of DCGM's blank values
+    is_sentinel = staticmethod(spelling.is_sentinel)
+
+    def __init__(
+        self, static_labels: Mapping[str, str] | None = None, *, series_cap: int = 200_000
+    ) -> None:
+        super().__init__(series_cap)
+        self.static = dict(static_labels or {})
+        self._devices: dict[tuple[str, str, str, str], Device] = {}
+
+    def _device(self, labels: dict[str, str]) -> Device | None:
+        gpu = labels.get("gpu")
+        host = labels.get("hostname") or labels.get("Hostname") or ""
+        if gpu is None or not gpu.isdigit():
+            return None
+        device = device_for(
+            self.static,
+            host=host,
+            gpu=gpu,
+            vendor="nvidia",
+            model=labels.get("modelName", ""),
+            partition=labels.get("GPU_I_ID", ""),
+            uuid=labels.get("UUID", "").removeprefix("GPU-"),
+            serial=labels.get("DCGM_FI_DEV_SERIAL", ""),
+            compute_partition=labels.get("GPU_I_PROFILE", ""),
+            driver=labels.get("DCGM_FI_DRIVER_VERSION", ""),
+        )
+        return device if device.host else None
+
+    def _map(self, series: SeriesRef) -> Mapped:
+        name = series.name
+        labels = series.label_dict()
+        family = spelling.BY_NAME.get(name)
+        bitmask = name in spelling.REASONS_FIELDS
+        if family is None and not bitmask:
+            return Mapped(None, drop="ignored" if name in spelling.IGNORED else "unmapped")
+        device = self._device(labels)
+        if device is None:
+            return Mapped(None, drop="no_device")
+        self._devices.setdefault(device.identity, device)
+        if bitmask:
+            return Mapped(
+                SeriesKey("gpu_throttle_active", device.labels()),
+                special="bitmask",
+                device=device.identity,
+            )
+        assert family is not None and family.metric is not None
+        key = SeriesKey(family.metric, {**device.labels(), **family.labels})
+        return Mapped(key, family.scale, priority=family.priority, device=device.identity)
+
+    def translate_text(self, text: str, ts_ms: int) -> Collected:
+        out = super().translate_text(text, ts_ms)
+        out.devices = dict(self._devices)
+        return out
+
+    def _finish(self, out: Collected, special: list[tuple[Mapped, float]], ts_ms: int) -> None:
+        fallback = []
+        for m, value in special:
+            if spelling.is_sentinel(value):
+                out.drop("sentinel")
+            elif m.special == "bitmask":
+                self._decode(out, m.key, int(value), ts_ms)  # type: ignore[arg-type]
+            else:
+                fallback.append((m, value))
+        add_fallbacks(out, fallback, ts_ms)
+
+    @staticmethod
+    @functools.cache
+    def _reason_keys(base: SeriesKey) -> tuple[tuple[int, SeriesKey], ...]:
+        return tuple(
+            (bit, base.with_labels(reason=reason)) for bit, reason in spelling.THROTTLE_BITS.items()
+        )
+
+    @classmethod
+    def _decode(cls, out: Collected, base: SeriesKey, bits: int, ts_ms: int) -> None:
+        """One active flag per throttle reason from the clocks-event-reasons bitmask.
+
+        >>> out = Collected()
+        >>> DcgmTranslator._decode(out, SeriesKey("gpu_throttle_active", {"gpu": "0"}), 0x24, 0)
+        >>> sorted((s.series.label("reason"), s.value) for s in out.samples)[:3]
+        [('hw_slowdown', 0.0), ('hw_thermal', 0.0), ('power', 1.0)]
+        """
+        samples = out.samples
+        for bit, key in cls._reason_keys(base):
+            samples.append(Sample(key, ts_ms, 1.0 if bits & bit else 0.0))

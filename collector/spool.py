@@ -1,0 +1,152 @@
+"""A bounded on-disk queue of sample batches for when the store cannot take them.
+
+Batches are appended as numbered files (fsynced), replayed oldest first once the store
+answers again, and deleted only after the store acknowledged them, so nothing is lost across
+an outage or a collector restart.  Past ``max_bytes`` the oldest batches are dropped, and
+counted, rather than filling the disk.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from collector.exposition import MalformedLine, parse_series
+from hbmwatch import log
+from hbmwatch.records import Sample, SeriesKey
+
+logger = log.get("hbmwatch.collector")
+
+
+def encode_batch(samples: list[Sample]) -> bytes:
+    keys: dict[str, int] = {}
+    rows = []
+    for s in samples:
+        index = keys.setdefault(s.series.text, len(keys))
+        rows.append((index, s.timestamp_ms, s.value))
+    return gzip.compress(json.dumps({"keys": list(keys), "rows": rows}).encode(), 1)
+
+
+class CorruptBatch(ValueError):
+    """A spool file this code did not write, or a damaged one."""
+
+
+def decode_batch(blob: bytes) -> list[Sample]:
+    try:
+        data = json.loads(gzip.decompress(blob))
+        keys = []
+        for text in data["keys"]:
+            ref = parse_series(text)
+            keys.append(SeriesKey(ref.name, ref.labels))
+        return [Sample(keys[i], int(ts), float(v)) for i, ts, v in data["rows"]]
+    except (
+        OSError,
+        EOFError,
+        zlib.error,
+        ValueError,
+        KeyError,
+        TypeError,
+        IndexError,
+        MalformedLine,
+    ) as exc:
+        raise CorruptBatch(f"not a spool batch: {type(exc).__name__}: {exc}") from None
+
+
+class Spool:
+    def __init__(
+        self, directory: Path, max_bytes: int, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        registry = registry or CollectorRegistry()
+        self._bytes_gauge = Gauge(
+            "hbmwatch_spool_bytes", "Bytes waiting in the spool.", registry=registry
+        )
+        self._batches_gauge = Gauge(
+            "hbmwatch_spool_batches", "Batches waiting in the spool.", registry=registry
+        )
+        self.dropped = Counter(
+            "hbmwatch_spool_dropped_samples",
+            "Samples dropped because the spool was full.",
+            registry=registry,
+        )
+        self.spooled = Counter(
+            "hbmwatch_spool_spooled_samples", "Samples written to the spool.", registry=registry
+        )
+        self.replayed = Counter(
+            "hbmwatch_spool_replayed_samples",
+            "Samples replayed from the spool into the store.",
+            registry=registry,
+        )
+        files = self._files()
+        self._next = int(files[-1].stem) + 1 if files else 0
+        self._refresh()
+
+    def _files(self) -> list[Path]:
+        return sorted(self.directory.glob("*.batch"), key=lambda p: int(p.stem))
+
+    def _refresh(self) -> None:
+        files = self._files()
+        self._bytes_gauge.set(sum(p.stat().st_size for p in files))
+        self._batches_gauge.set(len(files))
+
+    @property
+    def size_bytes(self) -> int:
+        return int(self._bytes_gauge._value.get())
+
+    def pending(self) -> int:
+        return len(self._files())
+
+    def append(self, samples: list[Sample]) -> None:
+        if not samples:
+            return
+        blob = encode_batch(samples)
+        path = self.directory / f"{self._next:012d}.batch"
+        self._next += 1
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        self.spooled.inc(len(samples))
+        self._enforce_bound()
+        self._refresh()
+
+    def _enforce_bound(self) -> None:
+        files = self._files()
+        total = sum(p.stat().st_size for p in files)
+        while total > self.max_bytes and len(files) > 1:
+            oldest = files.pop(0)
+            total -= oldest.stat().st_size
+            try:
+                lost = len(decode_batch(oldest.read_bytes()))
+            except (OSError, CorruptBatch):
+                lost = 0
+            oldest.unlink()
+            self.dropped.inc(lost)
+
+    def replay(self, write: Callable[[list[Sample]], object]) -> int:
+        """Write spooled batches oldest first; stop at the first the store refuses (it
+        raises), leaving that one and the rest for next time.  Returns samples replayed."""
+        replayed = 0
+        for path in self._files():
+            try:
+                samples = decode_batch(path.read_bytes())
+            except (OSError, CorruptBatch) as exc:
+                logger.error("unreadable spool batch set aside", path=str(path), error=str(exc))
+                path.rename(path.with_suffix(".corrupt"))  # kept for a person to look at
+                continue
+            write(samples)
+            path.unlink()
+            replayed += len(samples)
+            self.replayed.inc(len(samples))
+            self._refresh()
+        return replayed

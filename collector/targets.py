@@ -1,0 +1,108 @@
+"""Scrape targets: from the settings, and from a target file re-read when it changes.
+
+A target file is JSON (a list) or TOML (``[[targets]]``) of entries like the settings':
+
+```json
+[{"kind": "dme", "url": "http://10.0.0.7:5000/metrics",
+  "labels": {"cluster": "c1", "rack": "r12", "host": "node7"}}]
+```
+
+(the simulator's ``/targets`` answer is such a list).  A file that fails to parse keeps the
+previous targets and says why in the log; the collector never stops over it.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from hbmwatch import log
+from hbmwatch.settings import CollectorSettings, TargetSettings
+from hbmwatch.validation import ConfigError
+
+logger = log.get("hbmwatch.collector")
+_TARGETS = TypeAdapter(list[TargetSettings])
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str
+    url: str
+    labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    interval_seconds: float = 1.0
+    timeout_seconds: float = 0.8
+    mapping: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind} {self.url}"
+
+
+def resolve(entry: TargetSettings, defaults: CollectorSettings) -> Target:
+    interval = entry.interval_seconds or defaults.interval_seconds
+    timeout = entry.timeout_seconds or defaults.timeout_seconds or min(0.8 * interval, 10.0)
+    if entry.kind == "mapped" and not entry.mapping:
+        raise ConfigError(f"target {entry.url}: kind mapped needs a mapping file", field="mapping")
+    return Target(entry.kind, entry.url, dict(entry.labels), interval, timeout, entry.mapping)
+
+
+def parse_target_file(path: Path) -> list[TargetSettings]:
+    text = path.read_text()
+    try:
+        data: Any = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot parse: {exc}", field="target_file") from None
+    if isinstance(data, dict):
+        data = data.get("targets", [])
+    try:
+        return _TARGETS.validate_python(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        raise ConfigError(f"{path}: targets{where}: {first['msg']}", field="target_file") from None
+
+
+class TargetSet:
+    """The current targets: configured ones plus the file's, reloaded on change."""
+
+    def __init__(self, settings: CollectorSettings, extra: list[Target] | None = None) -> None:
+        self.settings = settings
+        self._static = [resolve(t, settings) for t in settings.targets] + list(extra or [])
+        self._file = Path(settings.target_file) if settings.target_file else None
+        self._file_stamp: tuple[float, int] | None = None
+        self._from_file: list[Target] = []
+        self.last_error: str | None = None
+
+    def current(self) -> list[Target]:
+        if self._file is not None:
+            self._reload()
+        seen: dict[str, Target] = {}
+        for target in self._static + self._from_file:
+            seen.setdefault(target.id, target)
+        return list(seen.values())
+
+    def _reload(self) -> None:
+        assert self._file is not None
+        try:
+            stat = self._file.stat()
+        except FileNotFoundError:
+            if self.last_error is None or "missing" not in self.last_error:
+                self.last_error = f"target file {self._file} is missing; keeping the last targets"
+                logger.warning(self.last_error)
+            return
+        stamp = (stat.st_mtime, stat.st_size)
+        if stamp == self._file_stamp:
+            return
+        self._file_stamp = stamp
+        try:
+            self._from_file = [resolve(t, self.settings) for t in parse_target_file(self._file)]
+            self.last_error = None
+            logger.info("target file loaded", path=str(self._file), targets=len(self._from_file))
+        except ConfigError as exc:
+            self.last_error = str(exc)
+            logger.error("target file not loaded; keeping the last targets", error=str(exc))
