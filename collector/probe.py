@@ -11,6 +11,7 @@ source's vendor binding and this repository on PYTHONPATH.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -42,7 +43,7 @@ def probe(source: Any, seconds: float, interval: float) -> dict[str, Any]:
         metric = text.split("{", 1)[0]
         values = [v for _, v in points]
         definition = metrics.get(metric)
-        drops = sum(1 for a, b in zip(values, values[1:], strict=False) if b < a)
+        drops = sum(1 for a, b in itertools.pairwise(values) if b < a)
         series[text] = {
             "unit": definition.unit if definition else "?",
             "type": definition.type.value if definition else "?",
@@ -60,8 +61,9 @@ def probe(source: Any, seconds: float, interval: float) -> dict[str, Any]:
         "collections": len(durations),
         "collect_ms_median": sorted(durations)[len(durations) // 2] * 1000 if durations else None,
         "devices": devices,
-        "unsupported": {gpu: sorted(names) for gpu, names in
-                        getattr(source, "unsupported", {}).items()},
+        "unsupported": {
+            gpu: sorted(names) for gpu, names in getattr(source, "unsupported", {}).items()
+        },
         "dropped": dict(dropped),
         "series": series,
     }
@@ -87,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         source.close()
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{report['collections']} collections, {len(report['series'])} series, "
-          f"unsupported: {report['unsupported']}", file=sys.stderr)
+    print(
+        f"{report['collections']} collections, {len(report['series'])} series, "
+        f"unsupported: {report['unsupported']}",
+        file=sys.stderr,
+    )
     return 0
 
 

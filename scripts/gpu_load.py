@@ -1,6 +1,6 @@
 """Load phases for a device check, as in DOMAIN.md's H200 trace: idle, HBM copy, GEMM, rest.
 
-    python3 scripts/gpu_load.py --phase-seconds 15
+python3 scripts/gpu_load.py --phase-seconds 15
 """
 
 from __future__ import annotations

@@ -32,5 +32,17 @@ def test_documented_commands_exist() -> None:
     from hbmwatch.cli import app
 
     names = set(get_command(app).commands)  # type: ignore[attr-defined]
-    for command in ("up", "migrate", "bench", "docs"):
+    for command in ("up", "migrate", "collect", "sim", "bench", "docs"):
         assert command in names
+
+
+def test_readme_configuration_example_is_valid(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from hbmwatch.settings import load_settings
+
+    readme = (REPO / "README.md").read_text()
+    example = re.search(r"```toml\n(.+?)\n```", readme, re.S)
+    assert example is not None
+    (tmp_path / "hbmwatch.toml").write_text(example.group(1))
+    settings = load_settings(tmp_path / "hbmwatch.toml")
+    assert settings.collector.targets[0].kind == "dme"
+    assert settings.collector.local_sources == ["nvml"]

@@ -91,6 +91,25 @@ def test_bench_sim_reports(tmp_path: Path) -> None:
     assert "faster than real time" in done.stdout
 
 
+def _wait_until_collected(db: Path, hosts: int, seconds: float = 60) -> None:
+    """The service scrapes the simulated fleet into its own store: every node's GPUs."""
+    from hbmwatch.query import parse_selector
+    from hbmwatch.settings import StoreSettings
+    from store.store import open_store
+
+    store = open_store(StoreSettings(url=f"sqlite:///{db}"))
+    try:
+        deadline = time.monotonic() + seconds
+        seen: set[str] = set()
+        while len(seen) < hosts and time.monotonic() < deadline:
+            latest = store.latest(parse_selector("gpu_power_watts"))
+            seen = {value.series.label("host") for value in latest}
+            time.sleep(1)
+        assert len(seen) == hosts, seen
+    finally:
+        store.close()
+
+
 def test_up_without_targets_runs_the_default_scenario(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
@@ -117,6 +136,7 @@ def test_up_without_targets_runs_the_default_scenario(tmp_path: Path) -> None:
         assert len({t["labels"]["host"] for t in listed}) == 9  # 72 GPUs on 9 nodes
         truth = json.loads((tmp_path / "hbmwatch-sim-truth.json").read_text())
         assert truth["scenario"] == "default" and len(truth["faults"]) == 5
+        _wait_until_collected(tmp_path / "hbmwatch.db", hosts=9)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
