@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NamedTuple
 
 
@@ -141,3 +142,71 @@ class Device:
             "memory_partition",
         )
         return {f: getattr(self, f) for f in fields if getattr(self, f)}
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One piece of a verdict's reasoning: which series, which statistic, against what.
+
+    ``lag_seconds`` and ``strength`` are set where the evidence is a correlation (a candidate
+    cause leading a regression); ``window`` is the span the statistic was computed over.
+    """
+
+    series: str
+    statistic: str
+    value: float
+    threshold: float | None = None
+    window_start_ms: int | None = None
+    window_end_ms: int | None = None
+    lag_seconds: float | None = None
+    strength: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RankedCause:
+    """A candidate root cause with the detector's confidence (0..1) and its evidence."""
+
+    cause: str
+    confidence: float
+    evidence: tuple[Evidence, ...] = ()
+    summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What a detector concluded about one entity: a state that opens, updates and resolves.
+
+    ``id`` is stable across updates (fingerprint plus start), so the alerting layer sees one
+    finding change over time rather than a stream of new ones.  ``entity`` names what the
+    finding is about with canonical labels (``host``/``gpu``, ``rack``, ``service``/``phase``,
+    ``target``).  ``causes`` is ranked, most likely first.
+    """
+
+    id: str
+    fingerprint: str
+    kind: str
+    severity: Severity
+    detector: str
+    entity: Mapping[str, str]
+    summary: str
+    started_ms: int
+    raised_ms: int
+    updated_ms: int
+    ended_ms: int | None = None
+    evidence: tuple[Evidence, ...] = ()
+    causes: tuple[RankedCause, ...] = ()
+
+    @property
+    def open(self) -> bool:
+        return self.ended_ms is None
+
+    @property
+    def top_cause(self) -> str | None:
+        return self.causes[0].cause if self.causes else None

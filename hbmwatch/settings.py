@@ -52,6 +52,12 @@ class StoreSettings(BaseModel):
     )
     max_series_per_query: int = Field(20_000, gt=0)
     max_points_per_query: int = Field(2_000_000, gt=0)
+    recent_samples: int = Field(
+        4_000_000,
+        ge=0,
+        description="Newest samples of the detectors' metrics kept in memory (about 24 bytes "
+        "each) so a detection cycle need not read them back from the database.",
+    )
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     sqlite_busy_timeout_seconds: float = Field(
         60.0, ge=0, description="How long a write waits for another writer's lock."

@@ -18,6 +18,8 @@ from simulator.fleet import Fleet, Node
 from simulator.physics import Physics, R
 from simulator.workloads import Workloads
 
+SENSOR_NOISE_C = 0.3  # read noise before the sensor rounds to whole degrees
+
 Readings = dict[str, np.ndarray]
 
 
@@ -103,10 +105,13 @@ class Exposition:
     def readings(self, held: Readings | None = None) -> Readings:
         """Canonical values per GPU, rounded as the sensors round them."""
         p = self.physics
+        noise = p.sensor_rng.normal
+        stacks = p.stack_temp + noise(0, SENSOR_NOISE_C, p.stack_temp.shape)
+        hotspot = p.hot_temp + noise(0, SENSOR_NOISE_C, p.hot_temp.shape)
         r = {
-            "gpu_hotspot_temperature_celsius": np.round(p.hot_temp),
-            "gpu_memory_temperature_celsius": np.round(p.mem_temp),
-            "stack": np.round(p.stack_temp),
+            "gpu_hotspot_temperature_celsius": np.round(hotspot),
+            "gpu_memory_temperature_celsius": np.round(np.nanmax(stacks, axis=1)),
+            "stack": np.round(stacks),
             "gpu_power_watts": np.round(p.power, 3),
             "gpu_power_limit_watts": np.round(p.power_limit),
             "gpu_energy_joules_total": np.floor(p.energy_j * 1000) / 1000,

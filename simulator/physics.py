@@ -60,6 +60,7 @@ class Physics:
         n = fleet.size
         rng = np.random.default_rng([seed, 2])
         self.rng = np.random.default_rng([seed, 3])
+        self.sensor_rng = np.random.default_rng([seed, 5])
         cooling = [fleet.scenario.racks[g.rack].effective_cooling for g in fleet.gpus]
         self.rack_of = np.array([g.rack for g in fleet.gpus])
         self.base_inlet = np.array([r.effective_inlet_c for r in fleet.scenario.racks])

@@ -70,7 +70,7 @@ class Simulation:
 
     def _advance(self, dt: float, record: bool = True) -> None:
         effects = self.plan.effects(self.t) if record else self.plan.effects(-1.0)
-        demand = self.workloads.demand(self.now_unix)
+        demand = self.workloads.demand(self.now_unix, dt)
         self.physics.step(dt, demand, effects, self._ambient())
         if record:
             self.workloads.step(

@@ -28,6 +28,7 @@ DECODE_SECONDS_PER_TOKEN = 0.018
 CO_TENANT_SLOWDOWN = 3.3
 PCIE_SLOWDOWN_PER_REPLAY = 1.0 / 1000.0  # ttft x (1 + replays per second / 1000)
 PHASES = tuple(h.phase for h in VLLM)
+JITTER, JITTER_SECONDS = 0.04, 3.0  # relative spread of a GPU's traffic, and its memory
 
 
 class Workloads:
@@ -60,21 +61,27 @@ class Workloads:
         self.training_gpus = np.zeros(fleet.size, dtype=bool)
         for job in jobs:
             self.training_gpus[list(job.gpus)] = True
+        # Batch sizes and sequence lengths vary from second to second: traffic jitter.
+        self.jitter_rng = np.random.default_rng([seed, 6])
+        self.jitter = np.zeros((2, fleet.size))
 
     def load(self, unix: float) -> float:
         """The daily pattern: busiest mid-afternoon UTC, quietest before dawn."""
         hour = (unix % 86_400) / 3600.0
         return 1.0 + self.amplitude * math.sin(2 * math.pi * (hour - 9.0) / 24.0)
 
-    def demand(self, unix: float) -> Demand:
+    def demand(self, unix: float, dt: float = 1.0) -> Demand:
         n = self.fleet.size
         load = self.load(unix)
+        keep = math.exp(-dt / JITTER_SECONDS)
+        noise = self.jitter_rng.normal(0.0, JITTER * math.sqrt(1 - keep**2), self.jitter.shape)
+        self.jitter = self.jitter * keep + noise
         per_gpu = np.zeros(n)
         np.add.at(per_gpu, self.service_gpu, 1.0 / self.partitions)
         compute = np.where(per_gpu > 0, 0.25 + 0.55 * load * per_gpu, 0.02)
         memory = np.where(per_gpu > 0, 0.25 + 0.5 * load * per_gpu, 0.01)
-        compute = np.where(self.training_gpus, 0.92, compute)
-        memory = np.where(self.training_gpus, 0.65, memory)
+        compute = np.where(self.training_gpus, 0.92, compute) * (1 + self.jitter[0])
+        memory = np.where(self.training_gpus, 0.65, memory) * (1 + self.jitter[1])
         fabric = np.where(self.training_gpus, 0.8, 0.0)
         return Demand(compute, memory, fabric)
 

@@ -118,3 +118,30 @@ class Device(Base):
     driver: Mapped[str] = mapped_column(String(100), default="")
     first_seen_ms: Mapped[int] = mapped_column(BigInteger)
     last_seen_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class FindingRow(Base):
+    """A detector's finding (``hbmwatch.records.Finding``), updated in place until it ends."""
+
+    __tablename__ = "findings"
+    __table_args__ = (
+        Index("ix_findings_open", "ended_ms", "kind"),
+        Index("ix_findings_host", "host", "started_ms"),
+        Index("ix_findings_rack", "rack", "started_ms"),
+    )
+
+    id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(300), index=True)
+    kind: Mapped[str] = mapped_column(String(40))
+    severity: Mapped[str] = mapped_column(String(16))
+    detector: Mapped[str] = mapped_column(String(40))
+    host: Mapped[str] = mapped_column(String(200), default="")
+    rack: Mapped[str] = mapped_column(String(200), default="")
+    entity: Mapped[dict[str, str]] = mapped_column(JSON)
+    summary: Mapped[str] = mapped_column(Text)
+    started_ms: Mapped[int] = mapped_column(BigInteger, index=True)
+    raised_ms: Mapped[int] = mapped_column(BigInteger)
+    updated_ms: Mapped[int] = mapped_column(BigInteger)
+    ended_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    evidence: Mapped[list[Any]] = mapped_column(JSON)
+    causes: Mapped[list[Any]] = mapped_column(JSON)

@@ -54,6 +54,8 @@ from store import codec
 from store.aggregate import Partials
 from store.backend import DAY_MS, Backend, backend_for
 from store.engine import create_store_engine
+from store.feed import RecentSamples, SampleBlock
+from store.findings import FindingLog
 from store.models import Device as DeviceRow
 from store.models import StoreState
 from store.registry import Caps, SeriesRegistry
@@ -223,6 +225,9 @@ class Store:
         self._partition_days: set[int] = set()
         self._watermark = 0
         self._watermark_read_at = -math.inf
+        self._watched_metrics: frozenset[str] = frozenset()
+        self.feed = RecentSamples(settings.recent_samples, self._is_watched)
+        self.findings = FindingLog(engine)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def now_ms(self) -> int:
@@ -292,9 +297,12 @@ class Store:
         if rows:
             with _unavailable():
                 self._prepare_partitions(rows)
-                with self._write_lock, self.engine.begin() as conn:
-                    fresh = self._drop_compacted_duplicates(conn, rows)
-                    inserted = self.backend.insert_head(conn, fresh) if fresh else 0
+                with self._write_lock:
+                    with self.engine.begin() as conn:
+                        fresh = self._drop_compacted_duplicates(conn, rows)
+                        inserted = self.backend.insert_head(conn, fresh) if fresh else 0
+                    if self._watched_metrics:
+                        self.feed.append(fresh)
             result.accepted = inserted
             result.duplicates = len(rows) - inserted
         self._count(result)
@@ -611,6 +619,53 @@ class Store:
             "minute_rows_deleted": minute,
             "hour_rows_deleted": hour or 0,
         }
+
+    # -- the detectors' feed ------------------------------------------------------------------
+    def watch(self, metric_names: Iterable[str]) -> None:
+        """Keep the newest samples of these metrics in memory for ``read_new``."""
+        self._watched_metrics = frozenset(metric_names)
+        self.feed.reset_watch()
+
+    def _is_watched(self, series_id: int) -> bool:
+        key = self.series_registry.keys.get(series_id)
+        return key is not None and key.metric in self._watched_metrics
+
+    def read_new(self, cursor: int | None, since_ms: int) -> tuple[int, SampleBlock]:
+        """Watched samples stored after ``cursor``; from SQL (since ``since_ms``) if it is gone.
+
+        The first call after a start passes ``cursor=None`` and gets the span back from the
+        database; later calls are served from memory.  A sample may come back twice around
+        that switch; readers drop what is not newer than what they have.
+        """
+        if cursor is not None:
+            block = self.feed.read(cursor)
+            if block is not None:
+                return self.feed.next_seq, block
+        next_cursor = self.feed.next_seq
+        self.series_registry.refresh()
+        ids = [
+            sid
+            for sid, key in self.series_registry.keys.items()
+            if key.metric in self._watched_metrics
+        ]
+        hi = self.now_ms() + int(self.settings.max_future_skew_seconds * 1000) + 1
+        samples, _ = self._raw_samples(ids, since_ms, hi) if ids else ({}, False)
+        parts = [
+            SampleBlock(np.full(len(t), sid, dtype=np.int64), t, v)
+            for sid, (t, v) in samples.items()
+        ]
+        block = SampleBlock.concat(parts)
+        order = np.argsort(block.timestamps_ms, kind="stable")
+        return next_cursor, SampleBlock(
+            block.series_ids[order], block.timestamps_ms[order], block.values[order]
+        )
+
+    def key_of(self, series_id: int) -> SeriesKey | None:
+        key = self.series_registry.keys.get(series_id)
+        if key is None:
+            self.series_registry.refresh()
+            key = self.series_registry.keys.get(series_id)
+        return key
 
     # -- reading -----------------------------------------------------------------------------
     def select_series(

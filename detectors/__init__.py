@@ -1,0 +1,15 @@
+"""Detectors: computations over windows of canonical data plus persisted state, no I/O.
+
+``default_detectors`` is the one explicit list the runner, the evaluation and
+``score-file`` share; the order matters (thermal state feeds correlation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def default_detectors() -> list[Any]:
+    from detectors.thermal import ThermalExcursions
+
+    return [ThermalExcursions()]

@@ -1,0 +1,268 @@
+"""Streaming and batch scorers, vectorised over entities; higher is more anomalous.
+
+Each keeps its learned state in an ``EntityTable`` (fields ending in ``_`` in the docs
+below), takes the rows of the entities a frame holds (``rows(keys)``, once a frame), and
+is told the time of each step so irregular data (gaps, late scrapes) decays correctly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from detectors.base import EntityTable, quiet_nan
+
+LN2 = np.log(2.0)
+
+
+def decay(dt_s: np.ndarray | float, half_life_s: float) -> np.ndarray:
+    """Weight of the new observation for an exponential average after ``dt_s`` seconds."""
+    return 1.0 - np.exp(-LN2 * np.asarray(dt_s, dtype=float) / half_life_s)
+
+
+class TrendBaseline:
+    """A robust level-and-trend baseline per entity (Holt's method with clipped updates).
+
+    The trend term removes the lag a plain moving average has on slow drifts (the daily
+    load and inlet swing), so a sudden rise stands out early; clipping each update at
+    ``clip`` scales keeps one spike from moving the baseline.  ``score_one`` is the
+    standardised excess over the prediction, 0.0 until ``warmup_s`` of data was learned.
+
+    >>> b = TrendBaseline(level_half_life_s=60, trend_half_life_s=300, warmup_s=10)
+    >>> rows = b.rows(["gpu0"])
+    >>> for t in range(1200):  # a slow drift of 0.6 C a minute is learned, not flagged
+    ...     b.learn_one(rows, np.array([50.0 + 0.01 * t]), t * 1000)
+    >>> round(float(b.score_one(rows, np.array([62.0]), 1_200_000)[0]), 1)
+    0.1
+    >>> round(float(b.score_one(rows, np.array([68.0]), 1_200_000)[0]), 1)
+    12.1
+    """
+
+    def __init__(
+        self,
+        *,
+        level_half_life_s: float = 1200.0,
+        trend_half_life_s: float = 7200.0,
+        scale_half_life_s: float = 1800.0,
+        min_scale: float = 0.5,
+        warmup_s: float = 120.0,
+        clip: float = 4.0,
+    ) -> None:
+        self.level_half_life_s = level_half_life_s
+        self.trend_half_life_s = trend_half_life_s
+        self.scale_half_life_s = scale_half_life_s
+        self.min_scale = min_scale
+        self.warmup_s = warmup_s
+        self.clip = clip
+        self.table = EntityTable(
+            {"level_": np.nan, "trend_": 0.0, "scale_": np.nan, "seen_s_": 0.0, "last_ms_": np.nan}
+        )
+
+    def rows(self, keys: Sequence[str]) -> np.ndarray:
+        return self.table.rows(keys)
+
+    def predict(self, rows: np.ndarray, t_ms: int | np.ndarray) -> np.ndarray:
+        t = self.table
+        dt = np.nan_to_num((t_ms - t["last_ms_"][rows]) / 1000.0)
+        return t["level_"][rows] + t["trend_"][rows] * dt
+
+    def scale(self, rows: np.ndarray) -> np.ndarray:
+        return np.fmax(
+            np.nan_to_num(self.table["scale_"][rows], nan=self.min_scale), self.min_scale
+        )
+
+    def deviation(self, rows: np.ndarray, x: np.ndarray, t_ms: int | np.ndarray) -> np.ndarray:
+        """``x`` minus the prediction, NaN during warm-up or without data."""
+        ready = self.table["seen_s_"][rows] >= self.warmup_s
+        return np.where(ready, x - self.predict(rows, t_ms), np.nan)
+
+    def score_one(self, rows: np.ndarray, x: np.ndarray, t_ms: int | np.ndarray) -> np.ndarray:
+        z = self.deviation(rows, x, t_ms) / self.scale(rows)
+        return np.where(np.isnan(x), np.nan, np.nan_to_num(z, nan=0.0))
+
+    def learn_one(
+        self,
+        rows: np.ndarray,
+        x: np.ndarray,
+        t_ms: int | np.ndarray,
+        learn: np.ndarray | float = 1.0,
+    ) -> None:
+        """Learn one step; ``learn`` (0..1 per entity) slows learning, 0 freezes it."""
+        t = self.table
+        ok = ~np.isnan(x)
+        if not ok.any():
+            return
+        r, x = rows[ok], x[ok]
+        rate = np.broadcast_to(np.asarray(learn, dtype=float), ok.shape)[ok]
+        t_now = np.broadcast_to(np.asarray(t_ms, dtype=float), ok.shape)[ok]
+        last = t["last_ms_"][r]
+        fresh = np.isnan(last) | np.isnan(t["level_"][r])
+        dt = np.where(fresh, 1.0, np.clip((t_now - last) / 1000.0, 1e-3, 3600.0))
+        pred = t["level_"][r] + t["trend_"][r] * dt
+        scale = np.fmax(np.nan_to_num(t["scale_"][r], nan=self.min_scale), self.min_scale)
+        resid = np.clip(x - pred, -self.clip * scale, self.clip * scale)
+        a = decay(dt, self.level_half_life_s) * rate
+        b = decay(dt, self.trend_half_life_s) * rate
+        level = np.where(fresh, x, pred + a * resid)
+        trend = np.where(
+            fresh, 0.0, t["trend_"][r] + b * ((level - t["level_"][r]) / dt - t["trend_"][r])
+        )
+        c = decay(dt, self.scale_half_life_s) * rate
+        scale_new = np.where(
+            np.isnan(t["scale_"][r]),
+            self.min_scale,
+            t["scale_"][r] + c * (1.25 * np.abs(resid) - t["scale_"][r]),
+        )
+        t["level_"][r] = level
+        t["trend_"][r] = trend
+        t["scale_"][r] = scale_new
+        t["seen_s_"][r] += np.where(fresh, 0.0, dt * (rate > 0))
+        t["last_ms_"][r] = t_now
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.table.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.table.load_state_dict(state)
+
+
+class SeasonalProfile:
+    """What an entity usually does at this hour of the day, learned over days.
+
+    ``adjust`` removes the learned daily shape once every bin has been seen ``min_days``
+    times, so a baseline on the adjusted series does not alarm at the morning ramp it saw
+    yesterday; until then it passes values through.
+
+    >>> p = SeasonalProfile(bins=4, period_s=4 * 3600, min_days=1.0, half_life_days=2)
+    >>> rows = p.rows(["svc"])
+    >>> for day in range(3):
+    ...     for hour in range(4):
+    ...         value = np.array([1.0 if hour == 2 else 0.0])
+    ...         p.learn_one(rows, value, (day * 4 + hour) * 3_600_000)
+    >>> p.adjust(rows, np.array([1.0]), 2 * 3_600_000).round(2).tolist()
+    [0.25]
+    """
+
+    def __init__(
+        self,
+        *,
+        bins: int = 24,
+        period_s: float = 86_400.0,
+        half_life_days: float = 7.0,
+        min_days: float = 1.0,
+    ) -> None:
+        self.bins = bins
+        self.period_s = period_s
+        self.half_life_days = half_life_days
+        self.min_days = min_days
+        self.table = EntityTable(
+            {"profile_": 0.0, "weight_": 0.0, "count_": 0.0, "last_bin_": -1.0},
+            {"profile_": bins, "weight_": bins, "count_": bins},
+        )
+
+    def rows(self, keys: Sequence[str]) -> np.ndarray:
+        return self.table.rows(keys)
+
+    def _bin(self, t_ms: int) -> int:
+        return int((t_ms / 1000.0 % self.period_s) / self.period_s * self.bins)
+
+    def ready(self, rows: np.ndarray) -> np.ndarray:
+        return self.table["weight_"][rows].min(axis=1) >= self.min_days
+
+    def adjust(self, rows: np.ndarray, x: np.ndarray, t_ms: int) -> np.ndarray:
+        profile = self.table["profile_"][rows]
+        shape = profile[:, self._bin(t_ms)] - profile.mean(axis=1)
+        return np.where(self.ready(rows), x - shape, x)
+
+    def learn_one(self, rows: np.ndarray, x: np.ndarray, t_ms: int, dt_s: float = 1.0) -> None:
+        """Learn the value ``x`` (already relative to the entity's level) for this hour.
+
+        A bin's value is the running mean of its samples until its exponential memory
+        (``half_life_days`` of the bin's own time) takes over; ``weight_`` counts the days.
+        """
+        ok = ~np.isnan(x)
+        if not ok.any():
+            return
+        b = self._bin(t_ms)
+        r = rows[ok]
+        t = self.table
+        # A visit counts once per bin per day: weight counts days, the average is per sample.
+        entering = t["last_bin_"][r] != b
+        t["weight_"][r, b] += np.where(entering, 1.0, 0.0)
+        t["last_bin_"][r] = b
+        t["count_"][r, b] += 1.0
+        bin_half_life_s = self.half_life_days * self.period_s / self.bins
+        a = np.fmax(1.0 / t["count_"][r, b], decay(dt_s, bin_half_life_s))
+        t["profile_"][r, b] += a * (x[ok] - t["profile_"][r, b])
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.table.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.table.load_state_dict(state)
+
+
+class Cusum:
+    """One-sided CUSUM of standardised scores: ``S = max(0, S + z - k)``.
+
+    >>> c = Cusum(k=0.5)
+    >>> rows = c.rows(["svc"])
+    >>> [round(float(c.update(rows, np.array([z]))[0]), 1) for z in (0.2, 2.0, 2.0, -3.0)]
+    [0.0, 1.5, 3.0, 0.0]
+    """
+
+    def __init__(self, *, k: float = 0.5, cap: float = 1e6) -> None:
+        self.k = k
+        self.cap = cap
+        self.table = EntityTable({"s_": 0.0})
+
+    def rows(self, keys: Sequence[str]) -> np.ndarray:
+        return self.table.rows(keys)
+
+    def update(self, rows: np.ndarray, z: np.ndarray) -> np.ndarray:
+        s = self.table["s_"][rows]
+        s = np.where(np.isnan(z), s, np.clip(s + np.nan_to_num(z) - self.k, 0.0, self.cap))
+        self.table["s_"][rows] = s
+        return s
+
+    def reset(self, rows: np.ndarray) -> None:
+        self.table["s_"][rows] = 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.table.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.table.load_state_dict(state)
+
+
+def group_median(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each entity's peer median and peer count (NaN-aware), for groups of integer labels.
+
+    >>> med, n = group_median(np.array([1.0, 2.0, 9.0, 5.0]), np.array([0, 0, 0, 1]))
+    >>> med.tolist(), n.tolist()
+    ([2.0, 2.0, 2.0, 5.0], [3, 3, 3, 1])
+    """
+    med = np.full(values.shape, np.nan)
+    count = np.zeros(values.shape[0], dtype=np.int64)
+    for g in np.unique(groups):
+        members = groups == g
+        block = values[members]
+        ok = ~np.isnan(block)
+        if ok.any():
+            with np.errstate(all="ignore"):
+                med[members] = quiet_nan(np.nanmedian, block, axis=0)
+        count[members] = int(ok.reshape(len(block), -1).any(axis=1).sum())
+    return med, count
+
+
+def robust_z(values: np.ndarray, groups: np.ndarray, min_scale: float) -> np.ndarray:
+    """Distance from the peer median in peer MADs (scaled to sigma), higher = further above.
+
+    >>> robust_z(np.array([10.0, 10.5, 9.5, 20.0]), np.array([0, 0, 0, 0]), 0.1).round(1).tolist()
+    [-0.3, 0.3, -1.0, 13.2]
+    """
+    med, _ = group_median(values, groups)
+    mad, _ = group_median(np.abs(values - med), groups)
+    return (values - med) / np.fmax(1.4826 * mad, min_scale)

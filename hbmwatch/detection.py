@@ -1,0 +1,164 @@
+"""The detection cycle: new samples from the store, through every detector, findings back.
+
+Runs on a schedule (``DetectionSettings.interval_seconds``) over new data only: the store
+hands over what was written since the last cycle (from memory, or from SQL after a
+restart), the cycle lays it on a grid up to ``settle_seconds`` ago (later samples wait for
+the next cycle, so a slow target is not "missing"), the detectors run in order, and their
+findings and state go back to the store.  Detectors themselves do no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from detectors.base import Detector
+from detectors.frame import WATCHED_METRICS, FrameBuilder
+from hbmwatch import log
+from hbmwatch.records import Finding
+from store.feed import SampleBlock
+from store.store import Store
+
+logger = log.get("hbmwatch.detection")
+STATE_PREFIX = "detector:"
+RUNNER_STATE = "detection:runner"
+
+
+@dataclass
+class CycleReport:
+    start_ms: int = 0
+    end_ms: int = 0
+    samples: int = 0
+    late: int = 0
+    gpus: int = 0
+    workloads: int = 0
+    opened: list[Finding] = field(default_factory=list)
+    closed: list[Finding] = field(default_factory=list)
+    updated: int = 0
+    seconds: float = 0.0
+    detector_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class DetectionRunner:
+    def __init__(
+        self,
+        store: Store,
+        detectors: Sequence[Detector],
+        *,
+        step_seconds: float = 1.0,
+        settle_seconds: float = 2.0,
+        backfill_seconds: float = 600.0,
+        state_every_seconds: float = 60.0,
+        context: Any = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.store = store
+        self.detectors = list(detectors)
+        self.step_ms = int(step_seconds * 1000)
+        self.settle_ms = int(settle_seconds * 1000)
+        self.backfill_ms = int(backfill_seconds * 1000)
+        self.state_every_ms = int(state_every_seconds * 1000)
+        self.context = context
+        self.clock = clock or (lambda: store.now_ms() / 1000)
+        self.builder = FrameBuilder(store.key_of)
+        self.cursor: int | None = None
+        self.frame_end_ms: int | None = None
+        self.pending = SampleBlock.empty()
+        self.open: dict[str, Finding] = {}
+        self._saved_ms = 0
+
+    def start(self) -> None:
+        """Watch the detectors' metrics and load every detector's saved state."""
+        self.store.watch(WATCHED_METRICS)
+        runner = self.store.get_state(RUNNER_STATE) or {}
+        self.frame_end_ms = runner.get("frame_end_ms")
+        for det in self.detectors:
+            state = self.store.get_state(STATE_PREFIX + det.name)
+            if state:
+                det.load_state_dict(state)
+        self.open = {f.id: f for f in self.store.findings.query(open_only=True, limit=5000)}
+        logger.info(
+            "detectors ready",
+            detectors=[d.name for d in self.detectors],
+            resumed_from_ms=self.frame_end_ms,
+            open_findings=len(self.open),
+        )
+
+    def save_state(self) -> None:
+        for det in self.detectors:
+            self.store.put_state(STATE_PREFIX + det.name, det.state_dict())
+        self.store.put_state(RUNNER_STATE, {"frame_end_ms": self.frame_end_ms})
+
+    def cycle(self, now_ms: int | None = None) -> CycleReport:
+        started = time.perf_counter()
+        now = int(self.clock() * 1000) if now_ms is None else now_ms
+        since = now - self.backfill_ms
+        if self.frame_end_ms is not None:
+            since = max(since, self.frame_end_ms - self.settle_ms)
+        self.cursor, block = self.store.read_new(self.cursor, since)
+        block = SampleBlock.concat([self.pending, block])
+        end = (now - self.settle_ms) // self.step_ms * self.step_ms
+        report = CycleReport(samples=len(block))
+        if len(block) == 0 or end <= (self.frame_end_ms or 0):
+            self.pending = block
+            return report
+        start = self.frame_end_ms
+        if start is None or start < since:
+            start = int(block.timestamps_ms.min()) // self.step_ms * self.step_ms
+        later = block.timestamps_ms >= end
+        self.pending = SampleBlock(
+            block.series_ids[later], block.timestamps_ms[later], block.values[later]
+        )
+        frame = self.builder.build(block, start, end, self.step_ms)
+        frame.context = self.context
+        frame.open_findings = list(self.open.values())
+        findings: list[Finding] = []
+        for det in self.detectors:
+            t0 = time.perf_counter()
+            out = det.update(frame)
+            report.detector_seconds[det.name] = time.perf_counter() - t0
+            findings += out
+            frame.open_findings = self._merge(frame.open_findings, out)
+        if self.context is not None:
+            self.context.append(frame)
+        self._record(findings, report)
+        self.frame_end_ms = end
+        if end - self._saved_ms >= self.state_every_ms:
+            self.save_state()
+            self._saved_ms = end
+        report.start_ms, report.end_ms, report.late = start, end, frame.late
+        report.gpus, report.workloads = len(frame.gpus), len(frame.workloads)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    @staticmethod
+    def _merge(current: list[Finding], new: list[Finding]) -> list[Finding]:
+        merged = {f.id: f for f in current}
+        for f in new:
+            if f.open:
+                merged[f.id] = f
+            else:
+                merged.pop(f.id, None)
+        return list(merged.values())
+
+    def _record(self, findings: list[Finding], report: CycleReport) -> None:
+        latest = {f.id: f for f in findings}
+        for f in latest.values():
+            if f.id not in self.open and f.open:
+                report.opened.append(f)
+            elif not f.open:
+                report.closed.append(f)
+            else:
+                report.updated += 1
+            if f.open:
+                self.open[f.id] = f
+            else:
+                self.open.pop(f.id, None)
+        self.store.findings.save(latest.values())
+        for f in report.opened:
+            logger.info("finding opened", kind=f.kind, entity=dict(f.entity), summary=f.summary)
+        for f in report.closed:
+            logger.info("finding resolved", kind=f.kind, entity=dict(f.entity))
+

@@ -1,0 +1,110 @@
+"""Findings as rows: written as detectors open, update and end them; read for triage."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import Engine, delete, select
+
+from hbmwatch.records import Evidence, Finding, RankedCause, Severity
+from store.models import FindingRow
+
+MAX_FINDINGS_PER_QUERY = 5_000
+
+
+def finding_to_dict(finding: Finding) -> dict[str, Any]:
+    return dataclasses.asdict(finding) | {"severity": finding.severity.value}
+
+
+def finding_from_dict(d: dict[str, Any]) -> Finding:
+    causes = tuple(
+        RankedCause(
+            c["cause"],
+            c["confidence"],
+            tuple(Evidence(**e) for e in c.get("evidence", ())),
+            c.get("summary", ""),
+        )
+        for c in d.get("causes", ())
+    )
+    return Finding(
+        id=d["id"],
+        fingerprint=d["fingerprint"],
+        kind=d["kind"],
+        severity=Severity(d["severity"]),
+        detector=d["detector"],
+        entity=dict(d["entity"]),
+        summary=d["summary"],
+        started_ms=int(d["started_ms"]),
+        raised_ms=int(d["raised_ms"]),
+        updated_ms=int(d["updated_ms"]),
+        ended_ms=None if d.get("ended_ms") is None else int(d["ended_ms"]),
+        evidence=tuple(Evidence(**e) for e in d.get("evidence", ())),
+        causes=causes,
+    )
+
+
+class FindingLog:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def save(self, findings: Iterable[Finding]) -> int:
+        """Insert or replace findings by id (a finding is updated in place as it evolves)."""
+        rows = [_row(f) for f in findings]
+        if not rows:
+            return 0
+        with self.engine.begin() as conn:
+            conn.execute(delete(FindingRow).where(FindingRow.id.in_([r["id"] for r in rows])))
+            conn.execute(FindingRow.__table__.insert(), rows)
+        return len(rows)
+
+    def query(
+        self,
+        *,
+        open_only: bool = False,
+        kind: str | None = None,
+        host: str | None = None,
+        rack: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        limit: int = 1000,
+    ) -> list[Finding]:
+        """Findings, newest first; ``since``/``until`` select those active in that span."""
+        q = select(FindingRow).order_by(FindingRow.started_ms.desc(), FindingRow.id)
+        if open_only:
+            q = q.where(FindingRow.ended_ms.is_(None))
+        if kind is not None:
+            q = q.where(FindingRow.kind == kind)
+        if host is not None:
+            q = q.where(FindingRow.host == host)
+        if rack is not None:
+            q = q.where(FindingRow.rack == rack)
+        if since_ms is not None:
+            q = q.where((FindingRow.ended_ms.is_(None)) | (FindingRow.ended_ms >= since_ms))
+        if until_ms is not None:
+            q = q.where(FindingRow.started_ms <= until_ms)
+        q = q.limit(min(limit, MAX_FINDINGS_PER_QUERY))
+        with self.engine.connect() as conn:
+            return [_finding(row) for row in conn.execute(q).scalars().all()]
+
+    def get(self, finding_id: str) -> Finding | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(FindingRow).where(FindingRow.id == finding_id)).scalar()
+        return None if row is None else _finding(row)
+
+
+def _row(f: Finding) -> dict[str, Any]:
+    d = finding_to_dict(f)
+    d["host"] = f.entity.get("host", "")
+    d["rack"] = f.entity.get("rack", "")
+    d["entity"] = dict(f.entity)
+    d["evidence"] = [dataclasses.asdict(e) for e in f.evidence]
+    d["causes"] = [dataclasses.asdict(c) for c in f.causes]
+    return d
+
+
+def _finding(row: FindingRow) -> Finding:
+    return finding_from_dict(
+        {c.name: getattr(row, c.name) for c in FindingRow.__table__.columns}
+    )
