@@ -69,6 +69,7 @@ class TargetState:
     up: bool | None = None
     last_error: str = ""
     last_inventory_ms: int = 0
+    last_scrape_ms: int | None = None
     client: httpx.AsyncClient | None = None
 
     def self_labels(self) -> dict[str, str]:
@@ -279,14 +280,28 @@ class ScrapeEngine:
         return out
 
     # -- rounds and loops -------------------------------------------------------------------
-    async def scrape_round(self, ts_ms: int | None = None) -> list[ScrapeReport]:
-        """Scrape every current target once at one timestamp (tests and evaluation)."""
+    async def scrape_round(
+        self, ts_ms: int | None = None, *, due_only: bool = False
+    ) -> list[ScrapeReport]:
+        """Scrape every current target once at one timestamp (tests and evaluation).
+
+        ``due_only`` skips targets whose own interval has not passed since their last
+        scrape, so a stepped clock honours per-target intervals as ``run`` does.
+        """
         ts = self.now_ms() if ts_ms is None else ts_ms
         targets = self.targets.current()
+        if due_only:
+            targets = [t for t in targets if self._due(t, ts)]
+        for t in targets:
+            self.state(t).last_scrape_ms = ts
         reports = list(await asyncio.gather(*(self.scrape(t, ts) for t in targets)))
         self._collect_local(ts)
         self.last_round_ms = ts
         return reports
+
+    def _due(self, target: Target, ts_ms: int) -> bool:
+        last = self.state(target).last_scrape_ms
+        return last is None or ts_ms - last >= target.interval_seconds * 1000 - 1
 
     def _collect_local(self, ts_ms: int) -> None:
         for source in self.local_sources:

@@ -10,6 +10,19 @@ from typing import Any
 
 
 def default_detectors() -> list[Any]:
+    from detectors.devices import LinkErrors, Throttling
+    from detectors.latency import LatencyRegressions
+    from detectors.outliers import FleetOutliers
+    from detectors.quality import DataQuality
+    from detectors.rootcause import RootCause
     from detectors.thermal import ThermalExcursions
 
-    return [ThermalExcursions()]
+    return [
+        ThermalExcursions(),
+        Throttling(),
+        LinkErrors(),
+        DataQuality(),
+        LatencyRegressions(),
+        FleetOutliers(),
+        RootCause(),
+    ]

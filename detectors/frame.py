@@ -76,6 +76,8 @@ class Frame:
     #: Findings open after the detectors that ran before, for correlation.
     open_findings: list[Finding] = field(default_factory=list)
     context: Any = None  # detectors.context.Context, set by the runner
+    #: Each detector's score per entity and step (1.0 = at its threshold), for score-file.
+    scores: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def times_ms(self) -> np.ndarray:
@@ -96,7 +98,15 @@ class Frame:
         return self.tgt.get(name, np.full((len(self.targets), self.steps), np.nan))
 
     def series_of(self, table: str, key: str, signal: str) -> str:
-        return self.series.get((table, key, signal), f"{signal}{{{key}}}")
+        """The text of the series behind a signal (rebuilt if this frame did not see it)."""
+        found = self.series.get((table, key, signal))
+        if found is not None:
+            return found
+        metric = SIGNAL_METRIC.get(signal, signal)
+        if table == "gpu" and key.count("/") == 2:
+            cluster, host, gpu = key.split("/")
+            return f'{metric}{{cluster="{cluster}",host="{host}",gpu="{gpu}"}}'
+        return f"{metric}{{{key}}}"
 
 
 def gpu_key(labels: Mapping[str, str]) -> str:
@@ -141,6 +151,18 @@ _COUNTERS = {
     "gpu_pcie_replays_total": "pcie_replays",
     "gpu_pcie_recoveries_total": "pcie_recoveries",
     "gpu_fabric_errors_total": "fabric_errors",
+}
+
+
+#: The canonical metric behind each GPU signal, for evidence when no series text is at hand.
+SIGNAL_METRIC: dict[str, str] = {
+    **{signal: metric for metric, (signal, _) in _GAUGES.items()},
+    **{signal: metric for metric, signal in _COUNTERS.items()},
+    "clock": "gpu_clock_hertz",
+    "mem_clock": "gpu_clock_hertz",
+    "thr_hbm": "gpu_throttle_seconds_total",
+    "thr_thermal": "gpu_throttle_seconds_total",
+    "thr_power": "gpu_throttle_seconds_total",
 }
 
 
@@ -208,6 +230,7 @@ class FrameBuilder:
         self._routes: dict[int, Route | None] = {}
         self._labels: dict[int, SeriesKey] = {}
         self.last_counter: dict[int, float] = {}
+        self.last_counter_ms: dict[int, int] = {}
 
     def _route(self, sid: int) -> Route | None:
         if sid not in self._routes:
@@ -240,6 +263,12 @@ class FrameBuilder:
                 continue
             t, v = ts[a:b], vals[a:b]
             if r.how in ("sum", "frac"):
+                # Each counter sample is differenced once: samples of later frames wait
+                # (the runner hands them back), ones already used are not used again.
+                fresh = (t < end_ms) & (t > self.last_counter_ms.get(sid, -1))
+                t, v = t[fresh], v[fresh]
+                if len(t) == 0:
+                    continue
                 v = self._increments(sid, r, t, v, frame)
             keep = (t >= start_ms) & (t < end_ms) & ~np.isnan(v)
             if not keep.any():
@@ -257,6 +286,7 @@ class FrameBuilder:
         prev = np.r_[self.last_counter.get(sid, np.nan), v[:-1]]
         delta, reset = counter_deltas(prev, v)
         self.last_counter[sid] = float(v[-1])
+        self.last_counter_ms[sid] = int(t[-1])
         if reset.any() and r.table == "gpu":
             frame.resets[r.key] = frame.resets.get(r.key, 0) + int(reset.sum())
         if r.signal == "fabric_errors":

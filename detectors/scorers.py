@@ -57,7 +57,14 @@ class TrendBaseline:
         self.warmup_s = warmup_s
         self.clip = clip
         self.table = EntityTable(
-            {"level_": np.nan, "trend_": 0.0, "scale_": np.nan, "seen_s_": 0.0, "last_ms_": np.nan}
+            {
+                "level_": np.nan,
+                "trend_": 0.0,
+                "scale_": np.nan,
+                "seen_s_": 0.0,
+                "last_ms_": np.nan,
+                "n_": 0.0,
+            }
         )
 
     def rows(self, keys: Sequence[str]) -> np.ndarray:
@@ -102,14 +109,20 @@ class TrendBaseline:
         dt = np.where(fresh, 1.0, np.clip((t_now - last) / 1000.0, 1e-3, 3600.0))
         pred = t["level_"][r] + t["trend_"][r] * dt
         scale = np.fmax(np.nan_to_num(t["scale_"][r], nan=self.min_scale), self.min_scale)
-        resid = np.clip(x - pred, -self.clip * scale, self.clip * scale)
-        a = decay(dt, self.level_half_life_s) * rate
-        b = decay(dt, self.trend_half_life_s) * rate
+        # Warm-up averages plainly (no clipping, no trend), so a first value that is off
+        # (a short first window, a cold start) is forgotten by the end of the warm-up.
+        warm = t["seen_s_"][r] < self.warmup_s
+        first = 1.0 / (t["n_"][r] + 1.0)
+        resid = np.where(warm, x - pred, np.clip(x - pred, -self.clip * scale, self.clip * scale))
+        a_level = decay(dt, self.level_half_life_s)
+        a = np.where(warm, np.fmax(a_level, first), a_level) * rate
+        b = np.where(warm, 0.0, decay(dt, self.trend_half_life_s)) * rate
         level = np.where(fresh, x, pred + a * resid)
         trend = np.where(
             fresh, 0.0, t["trend_"][r] + b * ((level - t["level_"][r]) / dt - t["trend_"][r])
         )
-        c = decay(dt, self.scale_half_life_s) * rate
+        a_scale = decay(dt, self.scale_half_life_s)
+        c = np.where(warm, np.fmax(a_scale, first), a_scale) * rate
         scale_new = np.where(
             np.isnan(t["scale_"][r]),
             self.min_scale,
@@ -120,6 +133,7 @@ class TrendBaseline:
         t["scale_"][r] = scale_new
         t["seen_s_"][r] += np.where(fresh, 0.0, dt * (rate > 0))
         t["last_ms_"][r] = t_now
+        t["n_"][r] += rate > 0
 
     def state_dict(self) -> dict[str, Any]:
         return self.table.state_dict()

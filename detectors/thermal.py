@@ -21,7 +21,6 @@ the thresholds) and minimum durations keep one noisy sample from opening or clos
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -133,6 +132,7 @@ class ThermalExcursions:
         excess = np.full((n, N_SENSORS, frame.steps), np.nan)
         is_open = self.gpu_open_.is_open(frame.gpus.keys)
         bw_dev = np.full((n, frame.steps), np.nan)
+        scores = np.full((n, frame.steps), np.nan)
         findings: list[Finding] = []
         for i, t_ms in enumerate(frame.times_ms.tolist()):
             d_now = drivers[:, :, i].ravel()
@@ -148,12 +148,14 @@ class ThermalExcursions:
             learn = np.repeat(np.where(is_open, 0.02, 1.0), N_SENSORS)
             self.temps_.learn_one(rows, xi, t_ms, learn)
             score, gpu_rise = self._score(rise_i, excess_i, x[:, :, i], limits)
+            scores[:, i] = score
             self.rate_.learn_one(frows, gpu_rise, t_ms)
             findings += self._step_gpus(frame, i, t_ms, score, x, rise, excess, limits)
             is_open = self.gpu_open_.is_open(frame.gpus.keys)
             findings += self._step_racks(frame, t_ms, gpu_rise)
         frame.derived["thermal_rise"] = quiet_nan(np.nanmax, rise, axis=1)
         frame.derived["bw_dev"] = bw_dev
+        frame.scores[self.name] = scores
         findings += self._refresh_open(frame, x, rise, excess, limits)
         return latest(findings)
 
@@ -481,11 +483,19 @@ def _gaps(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
 
 
 def _drivers(frame: Frame) -> np.ndarray:
-    """What loads each sensor: memory bandwidth (memory, stacks) and relative power (hotspot)."""
+    """What loads each sensor: memory bandwidth (memory, stacks) and relative power (hotspot).
+
+    Power is relative to the GPU's power limit, else its SKU's board power, else 1 kW:
+    never to anything seen later in the frame, so a step's score does not look ahead.
+    """
     power = frame.g("power")
     limit = frame.g("power_limit")
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a GPU without power readings
-        scale = np.nanmax(np.where(np.isnan(limit), power, limit), axis=1, keepdims=True)
-        rel = power / np.fmax(scale, 1.0)
+    board = np.array([_board_power(lab.get("sku", "")) for lab in frame.gpus.labels])
+    scale = np.where(np.isnan(limit), board[:, None], limit)
+    rel = power / np.fmax(scale, 1.0)
     return np.stack([frame.g("bw"), rel], axis=1)
+
+
+def _board_power(sku: str) -> float:
+    found = lookup(sku) if sku else None
+    return found.board_power_watts if found else 1000.0

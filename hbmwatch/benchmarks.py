@@ -563,3 +563,53 @@ def bench_collect(*, gpus: int, page_gpus: int, rounds: int) -> dict[str, Any]:
         "parse_dcgm": parse_rates("dcgm", page_gpus),
         "scrape_to_store": scrape_to_store(gpus, rounds),
     }
+
+
+def bench_detect(*, gpus: int, minutes: int, workdir: Path | None = None) -> dict[str, Any]:
+    """Detection cycles over each newest minute of a simulated fleet, scraped into SQLite.
+
+    The fleet runs through the real path (HTTP exporters and vLLM pages, scrape engine,
+    store, detection runner) on the simulated clock, with a cycle every 60 simulated
+    seconds; three faults give the detectors findings to open and rank.
+    """
+    import asyncio
+    import statistics
+
+    from hbmwatch.evaluation import run_scenario
+    from simulator.scenario import scenario_from_dict
+
+    spec = fleet_scenario(gpus, duration=f"{minutes}m")
+    spec["faults"] = [
+        {"kind": "coolant_degradation", "target": {"rack": "r0"}, "onset": "90s", "ramp": "60s"},
+        {"kind": "noisy_neighbour", "target": {"host": "r1-node0", "gpu": 1}, "onset": "60s"},
+        {"kind": "pcie_replay_storm", "target": {"host": "r2-node3", "gpu": 4}, "onset": "60s"},
+    ]
+    result = asyncio.run(
+        run_scenario(scenario_from_dict(spec), detect_every_s=60.0, workdir=workdir)
+    )
+    cycles = [
+        {
+            "end_s": (c.end_ms - c.start_ms) / 1000.0,
+            "seconds": c.seconds,
+            "samples": c.samples,
+            "gpus": c.gpus,
+            "workloads": c.workloads,
+            "opened": len(c.opened),
+            "detectors": c.detector_seconds,
+        }
+        for c in result.cycles_detail
+        if c.gpus
+    ]
+    warm = [c["seconds"] for c in cycles[1:]] or [c["seconds"] for c in cycles]
+    return {
+        "machine": machine(),
+        "gpus": gpus,
+        "minutes": minutes,
+        "cycles": cycles,
+        "first_cycle_seconds": cycles[0]["seconds"] if cycles else None,
+        "warm_cycle_median_seconds": statistics.median(warm) if warm else None,
+        "warm_cycle_max_seconds": max(warm) if warm else None,
+        "samples_per_cycle": statistics.median([c["samples"] for c in cycles]) if cycles else 0,
+        "findings": len(result.findings),
+        "wall_seconds": result.wall_seconds,
+    }

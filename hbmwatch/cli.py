@@ -180,6 +180,85 @@ def sim(
         asyncio.run(serve())
 
 
+@app.command("eval")
+def eval_(
+    scenarios: Annotated[list[str], typer.Argument(help="Bundled scenario names or TOML files.")],
+    seed: Annotated[
+        list[int] | None,
+        typer.Option(help="Seed to run (repeat for several); default: each scenario's own."),
+    ] = None,
+    jobs: Annotated[int, typer.Option(min=1, help="Runs at a time (worker processes).")] = 1,
+    duration: Annotated[
+        float | None, typer.Option(help="Simulated seconds per run (default: the scenario's).")
+    ] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
+) -> None:
+    """Run scenarios through collector, store and detectors; score against ground truth."""
+    from hbmwatch import evaluation, scoring
+
+    log.configure("warning")
+    seeds: list[int | None] = list(seed) if seed else [None]
+    total = len(scenarios) * len(seeds)
+    console.print(f"[bold]hbmwatch eval[/bold]: {total} run(s), {jobs} at a time")
+
+    def done(r: evaluation.RunResult) -> None:
+        console.print(
+            f"  {r.scenario} seed {r.seed}: {r.simulated_seconds:.0f} simulated s in "
+            f"{r.wall_seconds:.0f} s, {len(r.findings)} findings, {r.samples:,} samples"
+        )
+
+    try:
+        results = evaluation.evaluate(scenarios, seeds, jobs=jobs, duration_s=duration, done=done)
+    except (HbmwatchError, ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    report = scoring.score(results)
+    Console(width=140).print(report.table())
+    if json_out is not None:
+        data = report.to_json() | {"runs": [evaluation.run_summary(r) for r in results]}
+        json_out.write_text(json.dumps(data, indent=2) + "\n")
+        console.print(f"report written to {json_out}")
+    raise typer.Exit(0 if report.passed else 1)
+
+
+@app.command("score-file")
+def score_file(
+    files: Annotated[list[Path], typer.Argument(help="CSV traces: wide or long layout.")],
+    out: Annotated[Path, typer.Option(help="Folder for <name>.scores.csv and .findings.json.")] = (
+        Path("hbmwatch-scores")
+    ),
+    label: Annotated[
+        list[str] | None,
+        typer.Option(help="Label for bare column names, e.g. --label sku=H200 (repeatable)."),
+    ] = None,
+    step: Annotated[float, typer.Option(min=0.05, help="The detectors' time grid, s.")] = 1.0,
+) -> None:
+    """Stream recorded traces through the detectors causally; write scores and findings."""
+    from hbmwatch import offline
+
+    log.configure("warning")
+    labels = {}
+    for item in label or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            console.print(f"[red]error:[/red] --label {item!r}: use NAME=VALUE")
+            raise typer.Exit(2)
+        labels[name.strip()] = value.strip()
+    for path in files:
+        try:
+            trace = offline.read_trace(path, labels)
+        except HbmwatchError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from exc
+        console.print(f"{path}: {len(trace.samples):,} samples, dropped {trace.dropped or 'none'}")
+        result = offline.score_trace(trace, step_seconds=step)
+        scores_path, findings_path = offline.write_outputs(result, out)
+        for f in result.findings:
+            cause = f" (cause: {f.top_cause})" if f.top_cause else ""
+            console.print(f"  {f.kind} {dict(f.entity)}: {f.summary}{cause}")
+        console.print(f"  {len(result.findings)} findings; wrote {scores_path} and {findings_path}")
+
+
 @bench_app.command("store")
 def bench_store(
     gpus: Annotated[int, typer.Option(help="GPUs written for the ingest figure.")] = 1024,
@@ -322,6 +401,40 @@ def bench_collect(
         f"scrape-to-store: {e2e['samples']:,} samples from {e2e['targets']} targets in "
         f"{e2e['seconds']:.1f} s = [bold]{e2e['samples_per_second']:,.0f} samples/s[/bold] "
         f"into SQLite ({e2e['round_seconds']:.2f} s a round of {gpus} GPUs)"
+    )
+    benchmarks.write_json(report, json_out)
+
+
+@bench_app.command("detect")
+def bench_detect(
+    gpus: Annotated[int, typer.Option(help="Fleet size (a multiple of 64).")] = 1024,
+    minutes: Annotated[int, typer.Option(min=2, help="Simulated minutes (a cycle each).")] = 4,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+) -> None:
+    """Seconds a detection cycle takes over a fleet's newest minute (target: under 1 s)."""
+    from hbmwatch import benchmarks
+
+    if gpus < 64 or gpus % 64:
+        console.print("[red]error:[/red] --gpus must be a positive multiple of 64")
+        raise typer.Exit(2)
+    log.configure("warning")
+    console.print(
+        f"[bold]hbmwatch bench detect[/bold] on {benchmarks.machine()}: {gpus} GPUs for "
+        f"{minutes} simulated minutes (scraping them takes a few minutes)"
+    )
+    report = benchmarks.bench_detect(gpus=gpus, minutes=minutes)
+    table = Table(title=f"hbmwatch bench detect ({gpus} GPUs, one cycle per simulated minute)")
+    for col in ("cycle", "seconds", "samples", "GPUs", "workloads", "opened", "slowest detector"):
+        table.add_column(col, justify="right")
+    for i, c in enumerate(report["cycles"], 1):
+        name, secs = max(c["detectors"].items(), key=lambda kv: kv[1], default=("-", 0.0))
+        table.add_row(str(i), f"{c['seconds']:.3f}", f"{c['samples']:,}", str(c["gpus"]),
+                      str(c["workloads"]), str(c["opened"]), f"{name} {secs:.3f}")  # fmt: skip
+    Console(width=120).print(table)
+    console.print(
+        f"warm cycles: median [bold]{report['warm_cycle_median_seconds']:.3f} s[/bold], "
+        f"max {report['warm_cycle_max_seconds']:.3f} s (first, cold: "
+        f"{report['first_cycle_seconds']:.3f} s)"
     )
     benchmarks.write_json(report, json_out)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from detectors.base import Detector
-from detectors.frame import WATCHED_METRICS, FrameBuilder
+from detectors.frame import WATCHED_METRICS, Frame, FrameBuilder
 from hbmwatch import log
 from hbmwatch.records import Finding
 from store.feed import SampleBlock
@@ -68,6 +68,7 @@ class DetectionRunner:
         self.pending = SampleBlock.empty()
         self.open: dict[str, Finding] = {}
         self._saved_ms = 0
+        self.last_frame: Frame | None = None
 
     def start(self) -> None:
         """Watch the detectors' metrics and load every detector's saved state."""
@@ -113,6 +114,7 @@ class DetectionRunner:
         )
         frame = self.builder.build(block, start, end, self.step_ms)
         frame.context = self.context
+        self.last_frame = frame
         frame.open_findings = list(self.open.values())
         findings: list[Finding] = []
         for det in self.detectors:
@@ -161,4 +163,3 @@ class DetectionRunner:
             logger.info("finding opened", kind=f.kind, entity=dict(f.entity), summary=f.summary)
         for f in report.closed:
             logger.info("finding resolved", kind=f.kind, entity=dict(f.entity))
-

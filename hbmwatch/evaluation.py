@@ -1,8 +1,9 @@
 """``hbmwatch eval``: scenarios through the real collector, store and detectors, scored.
 
 Each run serves a scenario's simulated fleet over HTTP on 127.0.0.1 and steps it in
-lockstep with the collector: one simulation step, one scrape round of every target (the
-real scrape engine, parsers and spool-backed writer into a fresh SQLite store), and every
+lockstep with the collector: one simulation step, one scrape round of every target that is
+due (exporters every step, latency pages every ``workload_scrape_s``; the real scrape
+engine, parsers and spool-backed writer into a fresh SQLite store), and every
 ``detect_every_s`` simulated seconds one detection cycle.  The simulated clock drives the
 store and the detectors, so a 30-minute scenario runs in a minute or two of wall time and
 gives the same answer every time.  ``hbmwatch.scoring`` compares the findings with the
@@ -15,8 +16,10 @@ import asyncio
 import datetime as dt
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +29,11 @@ from collector.targets import Target, TargetSet
 from collector.writer import SpoolingWriter
 from detectors import default_detectors
 from detectors.context import Context
-from hbmwatch.detection import DetectionRunner
+from hbmwatch.detection import CycleReport, DetectionRunner
 from hbmwatch.records import Finding
 from hbmwatch.settings import CollectorSettings, StoreSettings
 from simulator.runner import Simulation
-from simulator.scenario import Scenario
+from simulator.scenario import Scenario, load_scenario
 from simulator.server import SimServer
 from store.engine import create_store_engine
 from store.migrate import upgrade
@@ -52,6 +55,7 @@ class RunResult:
     cycles: int
     detect_seconds: float
     timings: dict[str, float] = field(default_factory=dict)
+    cycles_detail: list[CycleReport] = field(default_factory=list)
 
 
 async def run_scenario(
@@ -60,6 +64,7 @@ async def run_scenario(
     seed: int | None = None,
     duration_s: float | None = None,
     detect_every_s: float = 5.0,
+    workload_scrape_s: float = 5.0,
     workdir: Path | None = None,
     progress: Callable[[float, float], None] | None = None,
 ) -> RunResult:
@@ -77,7 +82,10 @@ async def run_scenario(
         server = SimServer(sim, base_port=0)
         served = await server.start()
         settings = CollectorSettings(flush_samples=10**9)
-        targets = [Target(t.kind, t.url, dict(t.labels), 1.0, 5.0) for t in served]
+        targets = [
+            Target(t.kind, t.url, dict(t.labels), _interval(t.kind, workload_scrape_s), 5.0)
+            for t in served
+        ]
         sink = BatchingSink(
             SpoolingWriter(store.write, Spool(folder / "spool", 2**30)), 10**9, 3600.0
         )
@@ -88,7 +96,7 @@ async def run_scenario(
         runner.start()
         t0 = time.perf_counter()
         timings = {"simulate": 0.0, "scrape": 0.0, "store": 0.0, "detect": 0.0, "compact": 0.0}
-        cycles = 0
+        reports: list[CycleReport] = []
         try:
             async with collector:
                 next_detect = detect_every_s
@@ -96,7 +104,7 @@ async def run_scenario(
                     a = time.perf_counter()
                     sim.step()
                     b = time.perf_counter()
-                    await collector.scrape_round(int(round(sim.now_unix * 1000)))
+                    await collector.scrape_round(round(sim.now_unix * 1000), due_only=True)
                     c = time.perf_counter()
                     await sink.flush()
                     d = time.perf_counter()
@@ -104,8 +112,7 @@ async def run_scenario(
                     timings["scrape"] += c - b
                     timings["store"] += d - c
                     if sim.t + 1e-9 >= next_detect:
-                        runner.cycle(int(sim.now_unix * 1000))
-                        cycles += 1
+                        reports.append(runner.cycle(int(sim.now_unix * 1000)))
                         next_detect += detect_every_s
                         timings["detect"] += time.perf_counter() - d
                     if int(sim.t) % 60 == 0:
@@ -129,7 +136,66 @@ async def run_scenario(
         simulated_seconds=end_t,
         wall_seconds=time.perf_counter() - t0,
         samples=sink.totals.accepted,
-        cycles=cycles,
+        cycles=len(reports),
         detect_seconds=timings["detect"],
         timings=timings,
+        cycles_detail=reports,
     )
+
+
+def _interval(kind: str, workload_scrape_s: float) -> float:
+    """Exporters at 1 s; latency pages, whose quantiles span a minute, less often."""
+    return 1.0 if kind in ("dme", "dcgm") else workload_scrape_s
+
+
+def _run_one(source: str, seed: int | None, duration_s: float | None) -> RunResult:
+    scenario = load_scenario(source)
+    result = asyncio.run(run_scenario(scenario, seed=seed, duration_s=duration_s))
+    result.cycles_detail = []  # the per-cycle reports stay in the worker
+    return result
+
+
+def evaluate(
+    sources: Sequence[str],
+    seeds: Sequence[int | None],
+    *,
+    jobs: int = 1,
+    duration_s: float | None = None,
+    done: Callable[[RunResult], None] | None = None,
+) -> list[RunResult]:
+    """Every scenario at every seed, ``jobs`` runs at a time in worker processes."""
+    plan = [(s, seed) for s in sources for seed in seeds]
+    for source, _ in plan:
+        load_scenario(source)  # a bad name or file fails before any run starts
+    results: list[RunResult] = []
+    if jobs <= 1:
+        for source, seed in plan:
+            results.append(_run_one(source, seed, duration_s))
+            if done:
+                done(results[-1])
+        return results
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_run_one, s, seed, duration_s) for s, seed in plan]
+        for future in as_completed(futures):
+            results.append(future.result())
+            if done:
+                done(results[-1])
+    return sorted(results, key=lambda r: (r.scenario, r.seed))
+
+
+def run_summary(r: RunResult) -> dict[str, Any]:
+    """What a report keeps of a run: its figures and its findings, without the samples."""
+    from hbmwatch.records import finding_to_dict
+
+    return {
+        "scenario": r.scenario,
+        "seed": r.seed,
+        "simulated_seconds": r.simulated_seconds,
+        "wall_seconds": round(r.wall_seconds, 2),
+        "samples": r.samples,
+        "cycles": r.cycles,
+        "detect_seconds": round(r.detect_seconds, 3),
+        "timings": {k: round(v, 2) for k, v in r.timings.items()},
+        "truth": r.truth,
+        "findings": [finding_to_dict(f) for f in r.findings],
+    }

@@ -7,10 +7,11 @@ because the write path looks up one key per sample, a hundred thousand times a s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 def _escape(value: str) -> str:
@@ -210,3 +211,31 @@ class Finding:
     @property
     def top_cause(self) -> str | None:
         return self.causes[0].cause if self.causes else None
+
+
+def finding_to_dict(finding: Finding) -> dict[str, Any]:
+    return dataclasses.asdict(finding) | {"severity": finding.severity.value}
+
+
+def cause_from_dict(c: Mapping[str, Any]) -> RankedCause:
+    evidence = tuple(Evidence(**e) for e in c.get("evidence", ()))
+    return RankedCause(c["cause"], c["confidence"], evidence, c.get("summary", ""))
+
+
+def finding_from_dict(d: dict[str, Any]) -> Finding:
+    causes = tuple(cause_from_dict(c) for c in d.get("causes", ()))
+    return Finding(
+        id=d["id"],
+        fingerprint=d["fingerprint"],
+        kind=d["kind"],
+        severity=Severity(d["severity"]),
+        detector=d["detector"],
+        entity=dict(d["entity"]),
+        summary=d["summary"],
+        started_ms=int(d["started_ms"]),
+        raised_ms=int(d["raised_ms"]),
+        updated_ms=int(d["updated_ms"]),
+        ended_ms=None if d.get("ended_ms") is None else int(d["ended_ms"]),
+        evidence=tuple(Evidence(**e) for e in d.get("evidence", ())),
+        causes=causes,
+    )

@@ -1,8 +1,8 @@
 """The composition root: what ``hbmwatch up`` runs, wired from the settings.
 
 The store (migrated) and its maintenance loop (compaction, retention), the simulated fleet
-when no real targets are configured, the collector, and the API, in one task group.
-Detectors and alerts join the same group.
+when no real targets are configured, the collector, the detectors and the API, in one
+task group.
 """
 
 from __future__ import annotations
@@ -23,15 +23,18 @@ from collector.spool import Spool
 from collector.targets import Target as CollectorTarget
 from collector.targets import TargetSet
 from collector.writer import SpoolingWriter
+from detectors import default_detectors
+from detectors.context import Context
 from hbmwatch import log
-from hbmwatch.settings import Settings
+from hbmwatch.detection import DetectionRunner
+from hbmwatch.settings import DetectionSettings, Settings
 from hbmwatch.validation import ConfigError
 from simulator.runner import Simulation
 from simulator.scenario import load_scenario
 from simulator.server import SimServer, Target
 from store.engine import create_store_engine
 from store.migrate import upgrade
-from store.store import Store, open_store
+from store.store import Store, StoreUnavailable, open_store
 
 COMPACT_EVERY_SECONDS = 15.0
 RETENTION_EVERY_SECONDS = 3600.0
@@ -200,12 +203,41 @@ async def run(settings: Settings) -> None:
             if sim_server is not None:
                 group.create_task(sim_server.run(stop))
             group.create_task(collector.run(stop))
+            if settings.detection.enabled:
+                group.create_task(detect(store, settings.detection, stop))
             await server.serve()
             stop.set()
     finally:
         if sim_server is not None:
             await sim_server.close()
         store.close()
+
+
+async def detect(store: Store, settings: DetectionSettings, stop: asyncio.Event) -> None:
+    """Run the detectors every ``interval_seconds`` over the samples written since the last."""
+    runner = DetectionRunner(
+        store,
+        default_detectors(),
+        step_seconds=settings.step_seconds,
+        settle_seconds=settings.settle_seconds,
+        backfill_seconds=settings.backfill_seconds,
+        context=Context(),
+    )
+    await asyncio.to_thread(runner.start)
+    try:
+        while not stop.is_set():
+            try:
+                report = await asyncio.to_thread(runner.cycle)
+                if report.seconds > settings.interval_seconds:
+                    logger.warning("detection cycle slower than its interval",
+                                   seconds=round(report.seconds, 2))  # fmt: skip
+            except StoreUnavailable as exc:
+                logger.warning("detection skipped: store unavailable", error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), settings.interval_seconds)
+    finally:
+        with contextlib.suppress(StoreUnavailable):
+            await asyncio.to_thread(runner.save_state)
 
 
 def _redact(url: str) -> str:

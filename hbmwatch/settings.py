@@ -143,6 +143,20 @@ class SimulatorSettings(BaseModel):
     )
 
 
+class DetectionSettings(BaseModel):
+    enabled: bool = Field(True, description="Run the detectors inside `hbmwatch up`.")
+    interval_seconds: float = Field(
+        5.0, gt=0, le=600, description="How often a detection cycle reads the new samples."
+    )
+    step_seconds: float = Field(1.0, gt=0, le=60, description="The detectors' time grid.")
+    settle_seconds: float = Field(
+        2.0, ge=0, le=300, description="How long a cycle waits for late samples of a step."
+    )
+    backfill_seconds: float = Field(
+        600.0, ge=0, description="How far back the first cycle after a start looks."
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="HBMWATCH_",
@@ -155,6 +169,7 @@ class Settings(BaseSettings):
     api: ApiSettings = ApiSettings()
     collector: CollectorSettings = CollectorSettings()
     simulator: SimulatorSettings = SimulatorSettings()
+    detection: DetectionSettings = DetectionSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["console", "json"] = "console"
 

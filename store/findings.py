@@ -3,46 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import Engine, delete, select
 
-from hbmwatch.records import Evidence, Finding, RankedCause, Severity
+from hbmwatch.records import (
+    Finding,
+    finding_from_dict,
+    finding_to_dict,
+)
 from store.models import FindingRow
 
 MAX_FINDINGS_PER_QUERY = 5_000
-
-
-def finding_to_dict(finding: Finding) -> dict[str, Any]:
-    return dataclasses.asdict(finding) | {"severity": finding.severity.value}
-
-
-def finding_from_dict(d: dict[str, Any]) -> Finding:
-    causes = tuple(
-        RankedCause(
-            c["cause"],
-            c["confidence"],
-            tuple(Evidence(**e) for e in c.get("evidence", ())),
-            c.get("summary", ""),
-        )
-        for c in d.get("causes", ())
-    )
-    return Finding(
-        id=d["id"],
-        fingerprint=d["fingerprint"],
-        kind=d["kind"],
-        severity=Severity(d["severity"]),
-        detector=d["detector"],
-        entity=dict(d["entity"]),
-        summary=d["summary"],
-        started_ms=int(d["started_ms"]),
-        raised_ms=int(d["raised_ms"]),
-        updated_ms=int(d["updated_ms"]),
-        ended_ms=None if d.get("ended_ms") is None else int(d["ended_ms"]),
-        evidence=tuple(Evidence(**e) for e in d.get("evidence", ())),
-        causes=causes,
-    )
 
 
 class FindingLog:
@@ -71,7 +44,7 @@ class FindingLog:
         limit: int = 1000,
     ) -> list[Finding]:
         """Findings, newest first; ``since``/``until`` select those active in that span."""
-        q = select(FindingRow).order_by(FindingRow.started_ms.desc(), FindingRow.id)
+        q = select(FindingRow.__table__).order_by(FindingRow.started_ms.desc(), FindingRow.id)
         if open_only:
             q = q.where(FindingRow.ended_ms.is_(None))
         if kind is not None:
@@ -86,12 +59,13 @@ class FindingLog:
             q = q.where(FindingRow.started_ms <= until_ms)
         q = q.limit(min(limit, MAX_FINDINGS_PER_QUERY))
         with self.engine.connect() as conn:
-            return [_finding(row) for row in conn.execute(q).scalars().all()]
+            return [_finding(row._mapping) for row in conn.execute(q)]
 
     def get(self, finding_id: str) -> Finding | None:
         with self.engine.connect() as conn:
-            row = conn.execute(select(FindingRow).where(FindingRow.id == finding_id)).scalar()
-        return None if row is None else _finding(row)
+            q = select(FindingRow.__table__).where(FindingRow.id == finding_id)
+            row = conn.execute(q).first()
+        return None if row is None else _finding(row._mapping)
 
 
 def _row(f: Finding) -> dict[str, Any]:
@@ -104,7 +78,5 @@ def _row(f: Finding) -> dict[str, Any]:
     return d
 
 
-def _finding(row: FindingRow) -> Finding:
-    return finding_from_dict(
-        {c.name: getattr(row, c.name) for c in FindingRow.__table__.columns}
-    )
+def _finding(row: Mapping[str, Any]) -> Finding:
+    return finding_from_dict(dict(row))

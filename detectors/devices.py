@@ -1,0 +1,497 @@
+"""Device-level causes a regression can have: throttling, and PCIe / fabric link errors.
+
+Both detectors work the same way as ``detectors/thermal.py``: vectorised over GPUs, one loop
+over the frame's time steps, a per-entity level smoothed by the time between samples (so a
+5 s or 30 s scrape interval decays correctly), and ``Hysteresis`` with minimum durations so
+one sample never opens or closes a finding.  Each update is clipped at a few times its
+threshold before it enters the level, so a single burst (one scrape with a thousand replays,
+one throttled sample) cannot hold the level over the threshold for the minimum duration:
+only a sustained rate can.
+
+Uncorrectable ECC errors (``ecc_uncorrectable``) are not reported here: the taxonomy has no
+kind for them yet, and forcing them under ``pcie_errors`` would mislead the correlation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from detectors.base import EntityTable, Episode, Hysteresis, latest, make_finding, quiet_nan
+from detectors.frame import Frame
+from detectors.scorers import decay
+from hbmwatch.records import Evidence, Finding, RankedCause, Severity
+from hbmwatch.taxonomy import Cause, FindingKind
+
+ENTITY_LABELS = ("cluster", "rack", "host", "gpu", "sku")
+
+#: Throttle reason groups: the frame's signal, the cause, and the exporter metric it comes from.
+THROTTLE_GROUPS: tuple[tuple[str, str, Cause, str], ...] = (
+    ("power", "thr_power", Cause.POWER_CAP, "power cap"),
+    ("hbm", "thr_hbm", Cause.HBM_THERMAL_THROTTLE, "HBM thermal"),
+    ("thermal", "thr_thermal", Cause.THERMAL, "thermal"),
+)
+N_GROUPS = len(THROTTLE_GROUPS)
+
+
+def _entity(frame: Frame, row: int, **extra: str) -> dict[str, str]:
+    labels = frame.gpus.labels[row]
+    out = {k: labels[k] for k in ENTITY_LABELS if labels.get(k)}
+    if not out:  # hand-built frames: the key is cluster/host/gpu
+        cluster, host, gpu = ([*frame.gpus.keys[row].split("/"), "", ""])[:3]
+        out = {k: v for k, v in (("cluster", cluster), ("host", host), ("gpu", gpu)) if v}
+    out.update(extra)
+    return out
+
+
+def _dt_s(last_ms: np.ndarray, t_ms: int, step_s: float) -> np.ndarray:
+    """Seconds since each entity's previous sample (one step when there was none)."""
+    dt = (t_ms - last_ms) / 1000.0
+    return np.where(np.isnan(dt) | (dt <= 0), step_s, dt)
+
+
+def _f(value: float) -> float:
+    return float(np.nan_to_num(value))
+
+
+class SparseGate:
+    """Steps a ``Hysteresis`` with only the entities whose state can change.
+
+    ``Hysteresis.step`` looks every key up, which for 10,000 sensors x 60 steps costs more
+    than the detector's arithmetic.  An entity that is not open, not over ``enter`` now and
+    was not over before (no clock running) cannot open or close, and what ``step`` would
+    record for it is never read, so it is left out: the result is the same, at a cost that
+    follows the number of anomalous entities.  Built once per frame for that frame's keys.
+
+    >>> h = Hysteresis(enter=1.0, exit=0.5, min_on_s=2, min_off_s=0)
+    >>> gate = SparseGate(h, ["a", "b"])
+    >>> [gate.step(np.array([s, 0.0]), t * 1000) for t, s in enumerate([2, 2, 2, 0])]
+    [([], []), ([], []), (['a'], []), ([], ['a'])]
+    >>> h.table.keys
+    ['a', 'b']
+    """
+
+    def __init__(self, hysteresis: Hysteresis, keys: list[str]) -> None:
+        self.h = hysteresis
+        self.keys = keys
+        rows = hysteresis.table.rows(keys)
+        self.open = hysteresis.table["open"][rows] > 0
+        self.tracked = self.open | ~np.isnan(hysteresis.table["over_since"][rows])
+
+    def step(self, score: np.ndarray, t_ms: int) -> tuple[list[str], list[str]]:
+        known = ~np.isnan(score)
+        over = known & (score >= self.h.enter)
+        pick = np.flatnonzero(known & (over | self.tracked))
+        if pick.size == 0:
+            return [], []
+        sub = [self.keys[j] for j in pick.tolist()]
+        opened, closed = self.h.step(sub, score[pick], t_ms)
+        if opened or closed:
+            where = dict(zip(sub, pick.tolist(), strict=True))
+            self.open[[where[k] for k in opened]] = True
+            self.open[[where[k] for k in closed]] = False
+        self.tracked[pick] = over[pick] | self.open[pick]
+        return opened, closed
+
+
+class Throttling:
+    """Sustained throttle residency per GPU and reason group (power, HBM thermal, thermal).
+
+    Why: a throttled GPU runs at lower clocks or memory bandwidth, which is the most direct
+    device-side cause of a p99 or step-time regression; the reason group names the cause
+    (power cap, HBM thermal throttle, die thermal).  Residency is the fraction of time the
+    reason is active (the exporters' residency counters, or the active flag), smoothed with
+    a half-life of ``half_life_s``; a finding opens when it stays at or over
+    ``min_residency`` for ``min_on_s`` and closes when it stays under ``exit_ratio`` of it for
+    ``min_off_s``.  The evidence carries the clock drop against the GPU's own unthrottled clock
+    baseline, so the size of the effect is visible next to its cause.
+
+    Parameters: ``min_residency`` (fraction of time throttled), ``min_on_s``, ``min_off_s``,
+    ``exit_ratio``, ``half_life_s`` (residency smoothing), ``clock_half_life_s`` (how fast the
+    unthrottled clock baseline follows the GPU).
+
+    >>> import numpy as np
+    >>> from detectors.frame import Entities, Frame
+    >>> def frame(t0, thr):
+    ...     gpus = Entities()
+    ...     gpus.add("c/h/0", {"cluster": "c", "rack": "r", "host": "h", "gpu": "0"})
+    ...     n = len(thr)
+    ...     f = Frame(t0, 1000, n, gpus, Entities(), Entities(), {}, np.full((1, 8, n), np.nan),
+    ...               {}, {}, {}, {}, {})
+    ...     f.gpu["thr_power"] = np.array([thr], dtype=float)
+    ...     f.gpu["clock"] = np.where(np.array([thr]) > 0, 1300.0, 1980.0)
+    ...     return f
+    >>> rng = np.random.default_rng(0)
+    >>> det = Throttling()
+    >>> det.update(frame(0, (rng.random(60) < 0.03).astype(float)))  # rare blips
+    []
+    >>> found = det.update(frame(60_000, [1.0] * 30))
+    >>> [f"{f.kind} {f.entity['reason']} {f.top_cause}" for f in found]
+    ['throttle power power_cap']
+    """
+
+    name = "throttle"
+
+    def __init__(
+        self,
+        *,
+        min_residency: float = 0.2,
+        min_on_s: float = 10.0,
+        min_off_s: float = 30.0,
+        exit_ratio: float = 0.5,
+        half_life_s: float = 5.0,
+        clock_half_life_s: float = 600.0,
+    ) -> None:
+        self.min_residency = min_residency
+        self.min_on_s = min_on_s
+        self.min_off_s = min_off_s
+        self.exit_ratio = exit_ratio
+        self.half_life_s = half_life_s
+        self.clock_half_life_s = clock_half_life_s
+        self._init_state()
+
+    def _init_state(self) -> None:
+        #: ``level_`` decides (updates clipped); ``residency_`` is what the evidence reports.
+        self.residency_ = EntityTable({"level_": 0.0, "residency_": 0.0, "last_ms_": np.nan})
+        self.clocks_ = EntityTable({"base_": np.nan, "clock_": np.nan})
+        self.open_ = Hysteresis(
+            enter=1.0, exit=self.exit_ratio, min_on_s=self.min_on_s, min_off_s=self.min_off_s
+        )
+
+    def update(self, frame: Frame) -> list[Finding]:
+        n = len(frame.gpus)
+        if n == 0 or frame.steps == 0:
+            return []
+        if not 0 < self.min_residency <= 1 or not 0 < self.exit_ratio <= 1:
+            raise ValueError("min_residency and exit_ratio must be in (0, 1]")
+        thr = np.stack([frame.g(sig) for _, sig, _, _ in THROTTLE_GROUPS], axis=1)  # (G, 3, T)
+        clock = frame.g("clock")
+        keys = [f"{g}#{grp}" for g in frame.gpus.keys for grp, *_ in THROTTLE_GROUPS]
+        rows = self.residency_.rows(keys)
+        crows = self.clocks_.rows(frame.gpus.keys)
+        step_s = frame.step_ms / 1000.0
+        gate = SparseGate(self.open_, keys)
+        res = self.residency_
+        level, shown, last = (res[f][rows] for f in ("level_", "residency_", "last_ms_"))
+        cap = 3.0 * self.min_residency  # one throttled sample moves the level by < 1
+        findings: list[Finding] = []
+        for i, t_ms in enumerate(frame.times_ms.tolist()):
+            x = thr[:, :, i].ravel()
+            known = ~np.isnan(x)
+            a = decay(_dt_s(last, t_ms, step_s), self.half_life_s)
+            level = np.where(known, level + a * (np.minimum(x, cap) - level), level)
+            shown = np.where(known, shown + a * (x - shown), shown)
+            last = np.where(known, t_ms, last)
+            score = np.where(known, level / self.min_residency, np.nan)
+            self._learn_clock(crows, clock[:, i], level.reshape(n, N_GROUPS), frame)
+            opened, closed = gate.step(score, t_ms)
+            if not (opened or closed):
+                continue
+            res["level_"][rows], res["residency_"][rows], res["last_ms_"][rows] = level, shown, last
+            for key in opened:
+                start = int(self.open_.over_since(key))
+                self.open_.episodes[key] = Episode(started_ms=start, raised_ms=t_ms)
+            findings += [self._finding(frame, k, t_ms) for k in opened]
+            findings += [self._finding(frame, k, t_ms, end=t_ms) for k in closed]
+            for key in closed:
+                self.open_.episodes.pop(key, None)
+        res["level_"][rows], res["residency_"][rows], res["last_ms_"][rows] = level, shown, last
+        end_ms = int(frame.times_ms[-1])
+        present = set(frame.gpus.keys)
+        findings += [
+            self._finding(frame, k, end_ms)
+            for k in self.open_.episodes
+            if k.rsplit("#", 1)[0] in present
+        ]
+        return latest(findings)
+
+    def _learn_clock(
+        self, crows: np.ndarray, clock: np.ndarray, level: np.ndarray, frame: Frame
+    ) -> None:
+        """The unthrottled clock baseline learns only while no reason group is near active."""
+        c = self.clocks_
+        known = ~np.isnan(clock)
+        calm = (level < self.exit_ratio * self.min_residency).all(axis=1)
+        base = c["base_"][crows]
+        a = decay(frame.step_ms / 1000.0, self.clock_half_life_s)
+        learn = known & calm
+        c["base_"][crows] = np.where(
+            learn, np.where(np.isnan(base), clock, base + a * (clock - base)), base
+        )
+        c["clock_"][crows] = np.where(known, clock, c["clock_"][crows])
+
+    def _finding(self, frame: Frame, key: str, t_ms: int, end: int | None = None) -> Finding:
+        gkey, group = key.rsplit("#", 1)
+        grow = frame.gpus.index[gkey]
+        _, signal, cause, words = next(g for g in THROTTLE_GROUPS if g[0] == group)
+        ep = self.open_.episodes.get(key) or Episode(t_ms, t_ms)
+        residency = float(self.residency_["residency_"][self.residency_.index[key]])
+        ep.peak = max(ep.peak, residency)
+        crow = self.clocks_.index[gkey]
+        base, clock = float(self.clocks_["base_"][crow]), float(self.clocks_["clock_"][crow])
+        drop = 1.0 - clock / base if base > 0 and not np.isnan(clock) else float("nan")
+        clock_series = frame.series_of("gpu", gkey, "clock")
+        evidence = [
+            Evidence(frame.series_of("gpu", gkey, signal), "throttle_residency", residency,
+                     self.min_residency, ep.started_ms, t_ms,
+                     note=f"{words} throttling, peak residency {ep.peak:.0%}"),
+            Evidence(clock_series, "clock_drop_vs_own_baseline", _f(drop), None, ep.started_ms,
+                     t_ms, note=f"{_f(clock):.0f} now vs {_f(base):.0f} unthrottled"
+                     if not np.isnan(drop) else "no unthrottled clock baseline yet"),
+        ]  # fmt: skip
+        effect = f", clock {drop:.0%} below its own baseline" if drop > 0.02 else ""
+        summary = f"{words} throttling {residency:.0%} of the time (peak {ep.peak:.0%}){effect}"
+        return make_finding(
+            kind=FindingKind.THROTTLE, detector=self.name,
+            entity=_entity(frame, grow, reason=group), severity=Severity.WARNING,
+            summary=summary, started_ms=ep.started_ms, raised_ms=ep.raised_ms, updated_ms=t_ms,
+            ended_ms=end, evidence=evidence,
+            causes=[RankedCause(cause, 0.9, summary=f"{words} throttle residency sustained")],
+        )  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "residency": self.residency_.state_dict(),
+            "clocks": self.clocks_.state_dict(),
+            "open": self.open_.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._init_state()
+        self.residency_.load_state_dict(state.get("residency", {}))
+        self.clocks_.load_state_dict(state.get("clocks", {}))
+        self.open_.load_state_dict(state.get("open", {}))
+
+
+#: Error channels: the frame signal, and which finding it belongs to.
+CHANNELS: tuple[tuple[str, str], ...] = (
+    ("pcie_replays", "pcie"),
+    ("pcie_recoveries", "pcie"),
+    ("fabric_errors", "fabric"),
+)
+
+
+class LinkErrors:
+    """PCIe replays / recoveries and fabric link errors far over a GPU's own baseline.
+
+    Why: a replay storm or a degrading fabric link (CRC errors, retrains) slows transfers and
+    collectives without heating anything, so it is a non-thermal cause the correlation must
+    be able to name.  Per GPU and channel the error rate (per second, across scrape gaps) is
+    smoothed with a half-life of ``half_life_s``; a channel is over when its rate is at least
+    its absolute floor (``pcie_floor_per_s`` for replays, ``recovery_floor_per_s`` for link
+    recoveries, ``fabric_floor_per_s`` for fabric errors) *and* at least ``ratio`` times the
+    GPU's own long-run rate (half-life ``baseline_half_life_s``, learned while no finding is
+    open), for ``min_on_s``.  PCIe findings have kind ``pcie_errors`` (cause ``pcie``); fabric
+    findings ``fabric_errors`` (cause ``fabric``), with the ``link`` in the entity when one link
+    carries at least ``link_share`` of the GPU's recent fabric errors.
+
+    >>> import numpy as np
+    >>> from detectors.frame import Entities, Frame
+    >>> def frame(t0, replays):
+    ...     gpus = Entities()
+    ...     gpus.add("c/h/0", {"cluster": "c", "rack": "r", "host": "h", "gpu": "0"})
+    ...     n = len(replays)
+    ...     f = Frame(t0, 1000, n, gpus, Entities(), Entities(), {}, np.full((1, 8, n), np.nan),
+    ...               {}, {}, {}, {}, {})
+    ...     f.gpu["pcie_replays"] = np.array([replays], dtype=float)
+    ...     return f
+    >>> rng = np.random.default_rng(0)
+    >>> det = LinkErrors()
+    >>> det.update(frame(0, rng.poisson(0.2, 60)))
+    []
+    >>> [f"{f.kind} {f.top_cause}" for f in det.update(frame(60_000, rng.poisson(400, 30)))]
+    ['pcie_errors pcie']
+    """
+
+    name = "links"
+
+    def __init__(
+        self,
+        *,
+        pcie_floor_per_s: float = 5.0,
+        recovery_floor_per_s: float = 0.1,
+        fabric_floor_per_s: float = 1.0,
+        ratio: float = 10.0,
+        link_share: float = 0.6,
+        min_on_s: float = 10.0,
+        min_off_s: float = 30.0,
+        exit_ratio: float = 0.5,
+        half_life_s: float = 5.0,
+        baseline_half_life_s: float = 3600.0,
+    ) -> None:
+        self.pcie_floor_per_s = pcie_floor_per_s
+        self.recovery_floor_per_s = recovery_floor_per_s
+        self.fabric_floor_per_s = fabric_floor_per_s
+        self.ratio = ratio
+        self.link_share = link_share
+        self.min_on_s = min_on_s
+        self.min_off_s = min_off_s
+        self.exit_ratio = exit_ratio
+        self.half_life_s = half_life_s
+        self.baseline_half_life_s = baseline_half_life_s
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self.rates_ = EntityTable({"level_": 0.0, "rate_": 0.0, "base_": 0.0, "last_ms_": np.nan})
+        #: GPU key -> link -> fabric errors, decayed with ``half_life_s`` x 60.
+        self.links_: dict[str, dict[str, float]] = {}
+        self.open_ = Hysteresis(
+            enter=1.0, exit=self.exit_ratio, min_on_s=self.min_on_s, min_off_s=self.min_off_s
+        )
+
+    def _floors(self) -> np.ndarray:
+        return np.array([self.pcie_floor_per_s, self.recovery_floor_per_s, self.fabric_floor_per_s])
+
+    def update(self, frame: Frame) -> list[Finding]:
+        n = len(frame.gpus)
+        if n == 0 or frame.steps == 0:
+            return []
+        if self.ratio <= 0 or min(self._floors()) <= 0:
+            raise ValueError("ratio and the floors must be positive")
+        self._learn_links(frame)
+        x = np.stack([frame.g(sig) for sig, _ in CHANNELS], axis=1)  # (G, 3, T)
+        ckeys = [f"{g}#{sig}" for g in frame.gpus.keys for sig, _ in CHANNELS]
+        rows = self.rates_.rows(ckeys)
+        keys = [f"{g}#{k}" for g in frame.gpus.keys for k in ("pcie", "fabric")]
+        floors = np.tile(self._floors(), n)
+        step_s = frame.step_ms / 1000.0
+        gate = SparseGate(self.open_, keys)
+        r = self.rates_
+        level, rate, base, last = (r[f][rows] for f in ("level_", "rate_", "base_", "last_ms_"))
+        findings: list[Finding] = []
+        for i, t_ms in enumerate(frame.times_ms.tolist()):
+            inc = x[:, :, i].ravel()
+            known = ~np.isnan(inc)
+            dt = _dt_s(last, t_ms, step_s)
+            inst = np.fmax(np.nan_to_num(inc), 0.0) / dt
+            a = decay(dt, self.half_life_s)
+            threshold = np.fmax(floors, self.ratio * base)
+            level = np.where(known, level + a * (np.minimum(inst, 3 * threshold) - level), level)
+            rate = np.where(known, rate + a * (inst - rate), rate)
+            score = np.where(known, level / threshold, np.nan)
+            is_open = np.repeat(gate.open.reshape(n, 2), [2, 1], axis=1).ravel()
+            w = decay(dt, self.baseline_half_life_s) * np.where(is_open, 0.05, 1.0)
+            base = np.where(known, base + w * (np.minimum(inst, floors) - base), base)
+            last = np.where(known, t_ms, last)
+            per_gpu = score.reshape(n, 3)
+            pcie = quiet_nan(np.nanmax, per_gpu[:, :2], axis=1)
+            opened, closed = gate.step(np.stack([pcie, per_gpu[:, 2]], axis=1).ravel(), t_ms)
+            if not (opened or closed):
+                continue
+            r["level_"][rows], r["rate_"][rows], r["base_"][rows] = level, rate, base
+            r["last_ms_"][rows] = last
+            for key in opened:
+                start = int(self.open_.over_since(key))
+                self.open_.episodes[key] = Episode(started_ms=start, raised_ms=t_ms)
+                if key.endswith("#fabric"):
+                    link = self._dominant_link(key.rsplit("#", 1)[0])
+                    self.open_.episodes[key].extra["link"] = link
+            findings += [self._finding(frame, k, t_ms) for k in opened]
+            findings += [self._finding(frame, k, t_ms, end=t_ms) for k in closed]
+            for key in closed:
+                self.open_.episodes.pop(key, None)
+        r["level_"][rows], r["rate_"][rows], r["base_"][rows] = level, rate, base
+        r["last_ms_"][rows] = last
+        end_ms = int(frame.times_ms[-1])
+        present = set(frame.gpus.keys)
+        findings += [
+            self._finding(frame, k, end_ms)
+            for k in self.open_.episodes
+            if k.rsplit("#", 1)[0] in present
+        ]
+        return latest(findings)
+
+    def _learn_links(self, frame: Frame) -> None:
+        keep = 1.0 - float(decay(frame.steps * frame.step_ms / 1000.0, 60 * self.half_life_s))
+        for gkey, links in list(self.links_.items()):
+            decayed = {k: v * keep for k, v in links.items() if v * keep >= 0.5}
+            if decayed:
+                self.links_[gkey] = decayed
+            else:
+                del self.links_[gkey]
+        for gkey, links in frame.link_errors.items():
+            mine = self.links_.setdefault(gkey, {})
+            for link, errors in links.items():
+                mine[link] = mine.get(link, 0.0) + float(errors)
+
+    def _dominant_link(self, gkey: str) -> str:
+        links = {k: v for k, v in self.links_.get(gkey, {}).items() if k != "all"}
+        total = sum(self.links_.get(gkey, {}).values())
+        if not links or total <= 0:
+            return ""
+        link, errors = max(links.items(), key=lambda kv: kv[1])
+        return link if errors / total >= self.link_share else ""
+
+    def _finding(self, frame: Frame, key: str, t_ms: int, end: int | None = None) -> Finding:
+        gkey, what = key.rsplit("#", 1)
+        grow = frame.gpus.index[gkey]
+        ep = self.open_.episodes.get(key) or Episode(t_ms, t_ms)
+        signals = ("pcie_replays", "pcie_recoveries") if what == "pcie" else ("fabric_errors",)
+        floors = dict(zip((s for s, _ in CHANNELS), self._floors().tolist(), strict=True))
+        link = str(ep.extra.get("link", ""))
+        evidence, worst = [], 0.0
+        for sig in signals:
+            row = self.rates_.index[f"{gkey}#{sig}"]
+            rate, base = float(self.rates_["rate_"][row]), float(self.rates_["base_"][row])
+            threshold = max(floors[sig], self.ratio * base)
+            series = frame.series_of("gpu", gkey, sig)
+            if link:
+                series = _with_link(series, link)
+            evidence.append(
+                Evidence(series, "errors_per_second", rate, threshold, ep.started_ms, t_ms,
+                         note=f"own baseline {base:.3g}/s, floor {floors[sig]:g}/s")
+            )  # fmt: skip
+            worst = max(worst, rate)
+        ep.peak = max(ep.peak, worst)
+        if what == "pcie":
+            kind, cause = FindingKind.PCIE_ERRORS, Cause.PCIE
+            summary = f"PCIe replays/recoveries at {worst:.3g}/s (peak {ep.peak:.3g}/s)"
+        else:
+            kind, cause = FindingKind.FABRIC_ERRORS, Cause.FABRIC
+            where = f" on link {link}" if link else ""
+            summary = f"fabric errors{where} at {worst:.3g}/s (peak {ep.peak:.3g}/s)"
+            if frame.link_errors.get(gkey):
+                per_link = ", ".join(
+                    f"{k}: {v:g}" for k, v in sorted(frame.link_errors[gkey].items())
+                )
+                evidence.append(
+                    Evidence(series, "errors_per_link_in_frame", float(sum(
+                        frame.link_errors[gkey].values())), None, frame.start_ms, frame.end_ms,
+                        note=per_link)
+                )  # fmt: skip
+        entity = _entity(frame, grow, **({"link": link} if link else {}))
+        return make_finding(
+            kind=kind, detector=self.name, entity=entity, severity=Severity.WARNING,
+            summary=summary, started_ms=ep.started_ms, raised_ms=ep.raised_ms, updated_ms=t_ms,
+            ended_ms=end, evidence=evidence,
+            causes=[RankedCause(cause, 0.9, summary=f"{what} error rate over its own baseline")],
+        )  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "rates": self.rates_.state_dict(),
+            "links": {g: dict(v) for g, v in self.links_.items()},
+            "open": self.open_.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._init_state()
+        self.rates_.load_state_dict(state.get("rates", {}))
+        self.links_ = {
+            g: {k: float(v) for k, v in links.items()}
+            for g, links in state.get("links", {}).items()
+        }
+        self.open_.load_state_dict(state.get("open", {}))
+
+
+def _with_link(series: str, link: str) -> str:
+    """The same series text naming ``link`` (the frame keeps one series per signal)."""
+    if 'link="' in series:
+        return re.sub(r'link="[^"]*"', f'link="{link}"', series)
+    if series.endswith("}"):
+        body = series[series.index("{") + 1 : -1]
+        return f'{series[: series.index("{")]}{{{body + "," if body else ""}link="{link}"}}'
+    return f'{series}{{link="{link}"}}'

@@ -1,0 +1,476 @@
+"""Data quality: stuck sensors, dropouts, targets down, counter-reset storms, sentinels.
+
+A detector that trusts its input blames a GPU for a broken sensor (a stuck memory
+temperature looks like perfect cooling; a missing one hides an excursion), so these are
+findings of their own, with cause ``sensor`` or ``target_down``, that the alerting layer can
+use to inhibit or qualify the others.  Every check is vectorised over its entities and
+tracks durations across frames in its state, so a 120 s condition is seen over frames of a
+few seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from detectors.base import EntityTable, Episode, Hysteresis, latest, make_finding, quiet_nan
+from detectors.devices import SparseGate
+from detectors.frame import MAX_STACKS, Frame
+from hbmwatch.records import Evidence, Finding, RankedCause, Severity
+from hbmwatch.taxonomy import Cause, FindingKind
+
+GPU_ENTITY = ("cluster", "rack", "host", "gpu", "sku")
+TARGET_ENTITY = ("cluster", "rack", "host", "target", "source")
+TEMPS = ("mem_temp", "hot_temp", *(f"stack{i}" for i in range(MAX_STACKS)))
+GAP_SIGNALS = ("mem_temp", "hot_temp", "power", "clock", "mem_clock", "bw", "util")
+GAPS = (*GAP_SIGNALS, *(f"stack{i}" for i in range(MAX_STACKS)))
+
+
+def _gpu_entity(frame: Frame, gkey: str) -> dict[str, str]:
+    row = frame.gpus.index.get(gkey)
+    labels = frame.gpus.labels[row] if row is not None else {}
+    out = {k: labels[k] for k in GPU_ENTITY if labels.get(k)}
+    if not out:  # the key is cluster/host/gpu
+        cluster, host, gpu = ([*gkey.split("/"), "", ""])[:3]
+        out = {k: v for k, v in (("cluster", cluster), ("host", host), ("gpu", gpu)) if v}
+    return out
+
+
+def _series(frame: Frame, table: str, key: str, signal: str) -> str:
+    """A signal's series text; a stack's is the memory temperature's with its ``stack``."""
+    if not signal.startswith("stack"):
+        return frame.series_of(table, key, signal)
+    base = frame.series_of(table, key, "mem_temp")
+    labels = base.partition("{")[2]
+    name = "gpu_hbm_stack_temperature_celsius"
+    return f'{name}{{{labels[:-1]},stack="{signal[5:]}"}}' if labels else f"{name}{{{key}}}"
+
+
+def _values(frame: Frame, names: tuple[str, ...]) -> np.ndarray:
+    """(G, len(names), T): GPU signals, then the eight stacks."""
+    plain = [frame.g(n)[:, None, :] for n in names if not n.startswith("stack")]
+    return np.concatenate([*plain, frame.stacks], axis=1)
+
+
+class DataQuality:
+    """Stuck and missing sensors, targets down, counter-reset storms and sentinel values.
+
+    Why: broken telemetry must be told apart from a healthy or a failing GPU.  Five checks,
+    each a ``data_quality`` finding with a ``check`` label in its entity:
+
+    * ``stuck``: a temperature (memory, hotspot, each HBM stack) has not changed at all for
+      ``stuck_s`` while the same GPU's power moved by ``power_move_frac`` of its limit or its
+      memory bandwidth by ``bw_move`` (an idle, steady GPU may hold a rounded temperature for
+      minutes; a loaded one cannot).  Only watched time counts: a value seen again after
+      ``gap_s`` without samples (a target down, a dropout) restarts the clock.  One finding per
+      sensor.  Cause ``sensor``.
+    * ``gap``: signals the GPU reported before have been missing for ``gap_s`` while the
+      GPU's other signals still arrive; one finding per GPU, evidence per missing signal (a
+      dropped memory sensor takes its HBM stacks with it).  Cause ``sensor``.
+    * ``target_down``: a scrape target's ``up`` was 0 on ``min_down_scrapes`` scrapes in a row.
+      Cause ``target_down``.
+    * ``counter_resets``: more than ``max_reset_bursts`` cycles with counter resets on a GPU
+      within ``reset_window_s`` (one exporter restart resets every counter at once, so a cycle
+      counts once).  Cause ``sensor``.
+    * ``sentinel``: a target's exporter sent "not supported" sentinels on
+      ``sentinel_min_scrapes`` scrapes, each within ``sentinel_quiet_s`` of the last; severity
+      info, warning once it has lasted ``sentinel_sustained_s``.  Cause ``sensor``.
+
+    A finding closes when its condition clears (the value changes, the signal or the target
+    is back, the window holds no more than the allowed resets, or no sentinel for
+    ``sentinel_quiet_s``).
+
+    >>> import numpy as np
+    >>> from detectors.frame import Entities, Frame
+    >>> rng = np.random.default_rng(0)
+    >>> gpus = Entities()
+    >>> gpus.add("c/h/0", {"cluster": "c", "rack": "r", "host": "h", "gpu": "0"})
+    0
+    >>> f = Frame(0, 1000, 180, gpus, Entities(), Entities(), {}, np.full((1, 8, 180), np.nan),
+    ...           {}, {}, {}, {}, {})
+    >>> f.gpu["power"] = rng.uniform(250, 700, (1, 180))  # a busy GPU ...
+    >>> f.gpu["mem_temp"] = np.full((1, 180), 61.0)  # ... whose memory sensor never moves
+    >>> [f"{x.entity['check']} {x.entity['signal']} {x.top_cause}" for x in DataQuality().update(f)]
+    ['stuck mem_temp sensor']
+    """
+
+    name = "quality"
+
+    def __init__(
+        self,
+        *,
+        stuck_s: float = 120.0,
+        power_move_frac: float = 0.1,
+        bw_move: float = 0.1,
+        gap_s: float = 15.0,
+        min_down_scrapes: int = 2,
+        reset_window_s: float = 600.0,
+        max_reset_bursts: int = 3,
+        sentinel_min_scrapes: int = 3,
+        sentinel_quiet_s: float = 60.0,
+        sentinel_sustained_s: float = 300.0,
+    ) -> None:
+        self.stuck_s = stuck_s
+        self.power_move_frac = power_move_frac
+        self.bw_move = bw_move
+        self.gap_s = gap_s
+        self.min_down_scrapes = min_down_scrapes
+        self.reset_window_s = reset_window_s
+        self.max_reset_bursts = max_reset_bursts
+        self.sentinel_min_scrapes = sentinel_min_scrapes
+        self.sentinel_quiet_s = sentinel_quiet_s
+        self.sentinel_sustained_s = sentinel_sustained_s
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self.stuck_ = EntityTable(
+            {"value_": np.nan, "since_ms_": np.nan, "seen_ms_": np.nan, "pmin_": np.nan,
+             "pmax_": np.nan, "bmin_": np.nan, "bmax_": np.nan}
+        )  # fmt: skip
+        self.seen_ = EntityTable({"last_ms_": np.nan})
+        self.gpus_ = EntityTable({"power_scale_": np.nan})
+        self.targets_ = EntityTable(
+            {"down_run_": 0.0, "down_since_ms_": np.nan, "drops_": 0.0, "dropped_": 0.0,
+             "drop_since_ms_": np.nan, "last_drop_ms_": np.nan}
+        )  # fmt: skip
+        #: GPU key -> [[cycle end ms, counter resets in that cycle], ...] within the window.
+        self.resets_: dict[str, list[list[int]]] = {}
+        # Every score is normalised so 1 is its threshold; durations live in the scores.
+        self.open_ = Hysteresis(enter=1.0, exit=1.0, min_on_s=0.0, min_off_s=0.0)
+
+    def _check(self) -> None:
+        if min(self.stuck_s, self.gap_s, self.reset_window_s, self.sentinel_quiet_s) <= 0:
+            raise ValueError("durations must be positive")
+        if self.min_down_scrapes < 1 or self.sentinel_min_scrapes < 1:
+            raise ValueError("scrape counts must be at least 1")
+
+    # -- the update -------------------------------------------------------------------------
+    def update(self, frame: Frame) -> list[Finding]:
+        self._check()
+        if frame.steps == 0:
+            return []
+        findings: list[Finding] = []
+        g_keys, t_keys = frame.gpus.keys, frame.targets.keys
+        gates = [
+            SparseGate(self.open_, [f"stuck|{g}|{s}" for g in g_keys for s in TEMPS]),
+            SparseGate(self.open_, [f"gap|{g}|" for g in g_keys]),
+        ] + [
+            SparseGate(self.open_, [f"{c}|{t}|" for t in t_keys])
+            for c in ("target_down", "sentinel")
+        ]
+        tables = (
+            (self.stuck_, self.stuck_.rows([f"{g}|{s}" for g in g_keys for s in TEMPS])),
+            (self.seen_, self.seen_.rows([f"{g}|{s}" for g in g_keys for s in GAPS])),
+            (self.targets_, self.targets_.rows(t_keys)),
+        )
+        # Each check works on local copies of its rows, written back before a finding reads them.
+        local = [{f: table[f][rows] for f in table.fields} for table, rows in tables]
+
+        def flush() -> None:
+            for (table, rows), arrays in zip(tables, local, strict=True):
+                for f, values in arrays.items():
+                    table[f][rows] = values
+
+        prow = self.gpus_.rows(g_keys)
+        temps, gaps = _values(frame, TEMPS), _values(frame, GAPS)
+        power, bw = frame.g("power"), frame.g("bw")
+        scale = np.fmax(
+            self.gpus_["power_scale_"][prow],
+            np.fmax(_rowmax(frame.g("power_limit")), _rowmax(power)),
+        )
+        self.gpus_["power_scale_"][prow] = scale
+        scale = np.repeat(scale, len(TEMPS))
+        up, sentinel = frame.t("up"), frame.t("sentinel")
+        for i, t_ms in enumerate(frame.times_ms.tolist()):
+            scores = []
+            if len(g_keys):
+                scores.append(self._stuck_step(local[0], temps[:, :, i], power[:, i], bw[:, i],
+                                               scale, t_ms))  # fmt: skip
+                scores.append(self._gap_step(local[1], gaps[:, :, i], t_ms))
+            else:
+                scores += [np.zeros(0), np.zeros(0)]
+            if len(t_keys):
+                scores += self._target_step(local[2], up[:, i], sentinel[:, i], t_ms)
+            else:
+                scores += [np.zeros(0), np.zeros(0)]
+            for gate, score in zip(gates, scores, strict=True):
+                findings += self._step(frame, gate, score, t_ms, flush)
+        flush()
+        end_ms = int(frame.times_ms[-1])
+        findings += self._resets(frame, end_ms)
+        findings += [
+            self._finding(frame, key, end_ms)
+            for key in self.open_.episodes
+            if self._present(frame, key)
+        ]
+        return latest(findings)
+
+    def _stuck_step(
+        self,
+        s: dict[str, np.ndarray],
+        x: np.ndarray,
+        power: np.ndarray,
+        bw: np.ndarray,
+        scale: np.ndarray,
+        t_ms: int,
+    ) -> np.ndarray:
+        k = x.shape[1]
+        x = x.ravel()
+        p, b = np.repeat(power, k), np.repeat(bw, k)
+        known = ~np.isnan(x)
+        # A value seen again after a gap (target down, dropout) restarts the clock: only time
+        # watched counts as time unchanged.  NaN never equals: the first value counts too.
+        unseen = ~(t_ms - s["seen_ms_"] <= self.gap_s * 1000)
+        changed = known & ((x != s["value_"]) | unseen)
+        s["seen_ms_"] = np.where(known, t_ms, s["seen_ms_"])
+        s["value_"] = np.where(changed, x, s["value_"])
+        s["since_ms_"] = np.where(changed, t_ms, s["since_ms_"])
+        for name, now, fn in (("pmin_", p, np.fmin), ("pmax_", p, np.fmax),
+                              ("bmin_", b, np.fmin), ("bmax_", b, np.fmax)):  # fmt: skip
+            s[name] = np.where(changed, now, fn(s[name], now))
+        with np.errstate(invalid="ignore"):
+            moved = (s["pmax_"] - s["pmin_"] >= self.power_move_frac * scale) | (
+                s["bmax_"] - s["bmin_"] >= self.bw_move
+            )
+        held_s = (t_ms - s["since_ms_"]) / 1000.0
+        return np.where(known, np.where(moved, held_s / self.stuck_s, 0.0), np.nan)
+
+    def _gap_step(self, s: dict[str, np.ndarray], x: np.ndarray, t_ms: int) -> np.ndarray:
+        """Scored only at steps where the GPU delivered something else (it is alive)."""
+        k = x.shape[1]
+        known = ~np.isnan(x)
+        alive = np.repeat(known.any(axis=1), k)
+        last = s["last_ms_"] = np.where(known.ravel(), t_ms, s["last_ms_"])
+        missing = np.where(alive & ~np.isnan(last), (t_ms - last) / 1000.0 / self.gap_s, np.nan)
+        return quiet_nan(np.nanmax, missing.reshape(-1, k), axis=1)  # one finding per GPU
+
+    def _target_step(
+        self, s: dict[str, np.ndarray], up: np.ndarray, sentinel: np.ndarray, t_ms: int
+    ) -> list[np.ndarray]:
+        known = ~np.isnan(up)
+        down = known & (up < 0.5)
+        run = np.where(down, s["down_run_"] + 1, np.where(known, 0.0, s["down_run_"]))
+        first = down & (run == 1)
+        s["down_since_ms_"] = np.where(
+            first, t_ms, np.where(known & ~down, np.nan, s["down_since_ms_"])
+        )
+        s["down_run_"] = run
+        down_score = np.where(known, run / self.min_down_scrapes, np.nan)
+        # Sentinels: an episode is a run of scrapes with drops, each within the quiet time.
+        dropped = ~np.isnan(sentinel) & (sentinel > 0)
+        last = s["last_drop_ms_"]
+        with np.errstate(invalid="ignore"):
+            quiet = np.isnan(last) | (t_ms - last >= self.sentinel_quiet_s * 1000)
+        drops = s["drops_"] = np.where(quiet, 0.0, s["drops_"]) + dropped
+        s["dropped_"] = np.where(quiet, 0.0, s["dropped_"]) + np.where(dropped, sentinel, 0.0)
+        s["drop_since_ms_"] = np.where(dropped & quiet, t_ms, s["drop_since_ms_"])
+        s["last_drop_ms_"] = np.where(dropped, t_ms, last)
+        return [down_score, drops / self.sentinel_min_scrapes]
+
+    def _resets(self, frame: Frame, end_ms: int) -> list[Finding]:
+        """Counter resets come per cycle: each cycle with any is one burst."""
+        for gkey, n in frame.resets.items():
+            if n > 0:
+                self.resets_.setdefault(gkey, []).append([end_ms, int(n)])
+        horizon = end_ms - self.reset_window_s * 1000
+        self.resets_ = {
+            g: kept for g, ev in self.resets_.items() if (kept := [e for e in ev if e[0] > horizon])
+        }
+        open_keys = [k for k in self.open_.episodes if k.startswith("counter_resets|")]
+        keys = list(dict.fromkeys([f"counter_resets|{g}|" for g in self.resets_] + open_keys))
+        if not keys:
+            return []
+        bursts = np.array([len(self.resets_.get(k.split("|")[1], [])) for k in keys], float)
+        gate = SparseGate(self.open_, keys)
+        return self._step(frame, gate, bursts / (self.max_reset_bursts + 1), end_ms, lambda: None)
+
+    # -- findings ---------------------------------------------------------------------------
+    def _step(
+        self,
+        frame: Frame,
+        gate: SparseGate,
+        score: np.ndarray,
+        t_ms: int,
+        flush: Callable[[], None],
+    ) -> list[Finding]:
+        opened, closed = gate.step(score, t_ms)
+        if not (opened or closed):
+            return []
+        flush()
+        out = []
+        for key in opened:
+            self.open_.episodes[key] = Episode(started_ms=self._started(key, t_ms), raised_ms=t_ms)
+            out.append(self._finding(frame, key, t_ms))
+        for key in closed:
+            out.append(self._finding(frame, key, t_ms, end=t_ms))
+            self.open_.episodes.pop(key, None)
+        return out
+
+    def _started(self, key: str, t_ms: int) -> int:
+        """When the condition began (not when it crossed its threshold)."""
+        check, ekey, sub = key.split("|")
+        if check == "stuck":
+            since = self.stuck_["since_ms_"][self.stuck_.index[f"{ekey}|{sub}"]]
+        elif check == "gap":
+            since = min((last for _, last in self._missing(ekey, t_ms)), default=np.nan)
+        elif check == "target_down":
+            since = self.targets_["down_since_ms_"][self.targets_.index[ekey]]
+        elif check == "sentinel":
+            since = self.targets_["drop_since_ms_"][self.targets_.index[ekey]]
+        else:
+            since = min((e[0] for e in self.resets_.get(ekey, [])), default=t_ms)
+        return int(since) if not np.isnan(since) else t_ms
+
+    def _missing(self, gkey: str, t_ms: int) -> list[tuple[str, float]]:
+        """The GPU's signals missing for ``gap_s`` or more now, with when each was last seen."""
+        out = []
+        for sig in GAPS:
+            row = self.seen_.index.get(f"{gkey}|{sig}")
+            last = float(self.seen_["last_ms_"][row]) if row is not None else np.nan
+            if t_ms - last >= self.gap_s * 1000:
+                out.append((sig, last))
+        return out
+
+    @staticmethod
+    def _present(frame: Frame, key: str) -> bool:
+        check, ekey, _ = key.split("|")
+        if check in ("target_down", "sentinel"):
+            return ekey in frame.targets.index
+        return check == "counter_resets" or ekey in frame.gpus.index
+
+    def _finding(self, frame: Frame, key: str, t_ms: int, end: int | None = None) -> Finding:
+        check, ekey, sub = key.split("|")
+        ep = self.open_.episodes.get(key) or Episode(t_ms, t_ms)
+        start = ep.started_ms
+        severity, cause = Severity.WARNING, Cause.SENSOR
+        if check == "stuck":
+            row = self.stuck_.index[f"{ekey}|{sub}"]
+            s = self.stuck_
+            held = (t_ms - start) / 1000.0  # until now, or until the value changed
+            value = float(ep.extra.setdefault("value", float(s["value_"][row])))
+            scale = float(self.gpus_["power_scale_"][self.gpus_.index[ekey]])
+            evidence = [
+                Evidence(_series(frame, "gpu", ekey, sub), "unchanged_for_s", held, self.stuck_s,
+                         start, t_ms, note=f"held at {value:g}"),
+                Evidence(frame.series_of("gpu", ekey, "power"), "power_range_w",
+                         _f(s["pmax_"][row] - s["pmin_"][row]),
+                         _f(self.power_move_frac * scale), start, t_ms),
+                Evidence(frame.series_of("gpu", ekey, "bw"), "bandwidth_range_ratio",
+                         _f(s["bmax_"][row] - s["bmin_"][row]), self.bw_move, start, t_ms),
+            ]  # fmt: skip
+            verb = "was stuck" if end is not None else "stuck"
+            summary = f"{sub} {verb} at {value:g} for {held:.0f} s while the GPU's load moved"
+            entity = {**_gpu_entity(frame, ekey), "signal": sub}
+        elif check == "gap":
+            missing = self._missing(ekey, t_ms)
+            if missing:  # at the close the signals are back: keep what was last missing
+                ep.extra["missing"] = {sig: [last, t_ms] for sig, last in missing}
+            gone = ep.extra.get("missing", {})
+            if end is not None:  # all back now: each was missing until this step
+                gone = {sig: [last, t_ms] for sig, (last, _) in gone.items()}
+            evidence = [
+                Evidence(_series(frame, "gpu", ekey, sig), "missing_for_s", (to - last) / 1000,
+                         self.gap_s, int(last), int(to), note="the GPU's other signals arrive")
+                for sig, (last, to) in sorted(gone.items())
+            ]  # fmt: skip
+            names = ", ".join(sorted(gone)) or "signals"
+            took = (t_ms - start) / 1000
+            summary = (
+                f"{names} missing for {took:.0f} s while the GPU still reports"
+                if end is None
+                else f"{names} back after {took:.0f} s missing"
+            )
+            entity = _gpu_entity(frame, ekey)
+        elif check == "target_down":
+            row = self.targets_.index[ekey]
+            ep.peak = max(ep.peak, float(self.targets_["down_run_"][row]))
+            run = ep.peak
+            evidence = [
+                Evidence(frame.series_of("tgt", ekey, "up"), "consecutive_down_scrapes", run,
+                         float(self.min_down_scrapes), start, t_ms),
+            ]  # fmt: skip
+            summary = f"target {ekey} down for {(t_ms - start) / 1000:.0f} s ({run:.0f} scrapes)"
+            entity = self._target_entity(frame, ekey)
+            cause = Cause.TARGET_DOWN
+        elif check == "sentinel":
+            row = self.targets_.index[ekey]
+            ep.peak = max(ep.peak, float(self.targets_["drops_"][row]))
+            ep.extra["dropped"] = max(
+                ep.extra.get("dropped", 0.0), float(self.targets_["dropped_"][row])
+            )
+            drops, dropped = ep.peak, ep.extra["dropped"]
+            lasted = (t_ms - start) / 1000.0
+            sustained = lasted >= self.sentinel_sustained_s
+            severity = Severity.WARNING if sustained else Severity.INFO
+            evidence = [
+                Evidence(frame.series_of("tgt", ekey, "sentinel"), "scrapes_with_sentinels",
+                         drops, float(self.sentinel_min_scrapes), start, t_ms,
+                         note=f"{dropped:g} sentinel values dropped"),
+                Evidence(frame.series_of("tgt", ekey, "sentinel"), "sentinels_lasted_s", lasted,
+                         self.sentinel_sustained_s, start, t_ms),
+            ]  # fmt: skip
+            summary = f"target {ekey} sends 'not supported' sentinels ({dropped:g} dropped)"
+            entity = self._target_entity(frame, ekey)
+        else:
+            events = self.resets_.get(ekey, [])
+            total = sum(e[1] for e in events)
+            window_start = int(t_ms - self.reset_window_s * 1000)
+            evidence = [
+                Evidence(f"counter resets on {ekey}", "cycles_with_counter_resets",
+                         float(len(events)), float(self.max_reset_bursts), window_start, t_ms,
+                         note=f"{total} counter series reset"),
+            ]  # fmt: skip
+            summary = (
+                f"{len(events)} cycles with counter resets in {self.reset_window_s:.0f} s "
+                f"({total} series): exporter or driver restarts"
+            )
+            entity = _gpu_entity(frame, ekey)
+        entity["check"] = check
+        return make_finding(
+            kind=FindingKind.DATA_QUALITY, detector=self.name, entity=entity, severity=severity,
+            summary=summary, started_ms=start, raised_ms=ep.raised_ms, updated_ms=t_ms,
+            ended_ms=end, evidence=evidence, causes=[RankedCause(cause, 0.9, summary=summary)],
+        )  # fmt: skip
+
+    @staticmethod
+    def _target_entity(frame: Frame, tkey: str) -> dict[str, str]:
+        row = frame.targets.index.get(tkey)
+        labels = frame.targets.labels[row] if row is not None else {}
+        out = {k: labels[k] for k in TARGET_ENTITY if labels.get(k)}
+        out["target"] = tkey
+        return out
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "stuck": self.stuck_.state_dict(),
+            "seen": self.seen_.state_dict(),
+            "gpus": self.gpus_.state_dict(),
+            "targets": self.targets_.state_dict(),
+            "resets": {g: [list(e) for e in ev] for g, ev in self.resets_.items()},
+            "open": self.open_.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._init_state()
+        self.stuck_.load_state_dict(state.get("stuck", {}))
+        self.seen_.load_state_dict(state.get("seen", {}))
+        self.gpus_.load_state_dict(state.get("gpus", {}))
+        self.targets_.load_state_dict(state.get("targets", {}))
+        self.resets_ = {
+            g: [[int(a), int(b)] for a, b in ev] for g, ev in state.get("resets", {}).items()
+        }
+        self.open_.load_state_dict(state.get("open", {}))
+
+
+def _rowmax(a: np.ndarray) -> np.ndarray:
+    out = np.full(a.shape[0], np.nan)
+    has = ~np.isnan(a).all(axis=1)
+    out[has] = np.nanmax(a[has], axis=1)
+    return out
+
+
+def _f(value: float) -> float:
+    return float(np.nan_to_num(value))

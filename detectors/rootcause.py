@@ -1,0 +1,277 @@
+"""Root cause: for each latency regression, what changed first on the same GPU, node and rack.
+
+A regression (p99 or training step time) names a workload; its GPU (or, for a training job
+that names only its node, every GPU of the node) is looked up in the context ring, and
+each candidate cause is measured over two windows: a baseline before the regression and
+the span from shortly before its start to now.  A candidate's strength is its change
+between the windows against a reference size (``REFS``), weighed by
+
+* **temporal precedence**: a cause starts before, or with, the regression, not after it;
+* **lagged correlation**: the candidate leading the workload's latency excess by 0-30 s.
+
+Thermal candidates (the load-adjusted temperature rise, thermal and HBM-thermal throttle
+residency) collapse into one, named from the thermal findings open on the GPU or its rack
+(``cooling`` for a rack that warms alone, ``ambient`` for a room, ``thermal`` for one GPU),
+because a throttle is how heat reaches latency, not a cause of its own.  When the thermal
+candidate is weak the ranking says so ("no thermal cause"): DOMAIN.md's H200 trace shows
+memory warming under a co-tenant's copy while the copy, not the heat, raised p99.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from detectors.base import quiet_nan
+from detectors.frame import Frame
+from hbmwatch.records import Evidence, Finding, RankedCause, cause_from_dict
+from hbmwatch.taxonomy import Cause, FindingKind
+
+REGRESSIONS = (FindingKind.P99_REGRESSION, FindingKind.STEP_TIME_REGRESSION)
+
+#: Candidate -> (context signal, statistic, reference change that counts as strength 1).
+REFS: dict[str, tuple[str, str, float]] = {
+    "thermal_rise": ("thermal_rise", "max", 5.0),  # C over the load-adjusted baseline
+    "thr_hbm": ("thr_hbm", "mean", 0.2),  # fraction of time throttled
+    "thr_thermal": ("thr_thermal", "mean", 0.2),
+    "thr_power": ("thr_power", "mean", 0.2),
+    "power_limit": ("power_limit", "drop", 0.1),  # relative drop of the limit
+    "clock": ("clock", "drop", 0.15),  # relative drop of the compute clock
+    "fabric_errors": ("fabric_errors", "mean", 2.0),  # errors per second
+    "pcie_replays": ("pcie_replays", "mean", 20.0),  # replays per second
+    "bw": ("bw", "level", 0.1),  # utilisation past 0.85
+    "bw_dev": ("bw_dev", "mean", 0.05),  # bandwidth over the GPU's own baseline
+}
+CANDIDATES: dict[Cause, tuple[str, ...]] = {
+    Cause.THERMAL: ("thermal_rise", "thr_hbm", "thr_thermal"),
+    Cause.POWER_CAP: ("thr_power", "power_limit"),
+    Cause.CLOCK_DROP: ("clock",),
+    Cause.FABRIC: ("fabric_errors",),
+    Cause.PCIE: ("pcie_replays",),
+    Cause.MEMORY_BANDWIDTH: ("bw",),
+    Cause.CO_TENANT: ("bw_dev",),
+}
+#: A mechanism rather than a root cause: it ranks under the cause that explains it.
+WEIGHT = {Cause.CLOCK_DROP: 0.5, Cause.MEMORY_BANDWIDTH: 0.7}
+SAME_GPU_ONLY = (Cause.CO_TENANT, Cause.MEMORY_BANDWIDTH)
+
+
+class RootCause:
+    """Ranks candidate causes for every open latency regression and attaches them.
+
+    Runs after the thermal and latency detectors, reading the context ring the runner keeps
+    (``frame.context``) and the findings open so far (``frame.open_findings``).  A ranking
+    is redone every cycle for ``rank_for_s`` after a regression starts, then kept.
+    """
+
+    name = "rootcause"
+
+    def __init__(
+        self,
+        *,
+        baseline_s: float = 300.0,
+        guard_s: float = 60.0,
+        rank_for_s: float = 300.0,
+        min_strength: float = 0.25,
+        max_lag_s: float = 30.0,
+    ) -> None:
+        self.baseline_s = baseline_s
+        self.guard_s = guard_s
+        self.rank_for_s = rank_for_s
+        self.min_strength = min_strength
+        self.max_lag_s = max_lag_s
+        self.ranked_: dict[str, dict[str, Any]] = {}
+
+    def update(self, frame: Frame) -> list[Finding]:
+        ctx = frame.context
+        if ctx is None or frame.steps == 0:
+            return []
+        now = frame.end_ms
+        open_ids = set()
+        out = []
+        thermal = [f for f in frame.open_findings if f.kind == FindingKind.THERMAL_EXCURSION]
+        for f in frame.open_findings:
+            if f.kind not in REGRESSIONS:
+                continue
+            open_ids.add(f.id)
+            cached = self.ranked_.get(f.id)
+            if cached is None or now - f.started_ms <= self.rank_for_s * 1000:
+                causes = self.rank(frame, f, thermal, now)
+                self.ranked_[f.id] = {"causes": [dataclasses.asdict(c) for c in causes]}
+            else:
+                causes = [cause_from_dict(c) for c in cached["causes"]]
+            if tuple(causes) != f.causes:
+                out.append(dataclasses.replace(f, causes=tuple(causes), updated_ms=now))
+        self.ranked_ = {k: v for k, v in self.ranked_.items() if k in open_ids}
+        return out
+
+    # -- ranking ----------------------------------------------------------------------------
+    def rank(
+        self, frame: Frame, reg: Finding, thermal: Sequence[Finding], now: int
+    ) -> list[RankedCause]:
+        ctx = frame.context
+        gpus = _gpus_of(ctx, reg.entity)
+        start = reg.started_ms
+        lo, cut = start - int(self.baseline_s * 1000), start - int(self.guard_s * 1000)
+        wkey = f"{reg.entity.get('service', '')}/{reg.entity.get('phase', '')}"
+        _, lat = ctx.window("wl", [wkey], "lat_excess", lo, now)
+        lat = lat[0] if len(lat) else np.array([])
+        scored: list[tuple[float, Cause, list[Evidence]]] = []
+        strengths: dict[str, float] = {}
+        for cause, names in CANDIDATES.items():
+            keys = gpus[:1] if cause in SAME_GPU_ONLY and reg.entity.get("gpu") else gpus
+            best, evidence = 0.0, []
+            for name in names:
+                s, ev = self._measure(frame, keys, name, (lo, cut, start, now), lat)
+                if ev is not None:
+                    evidence.append(ev)
+                best, strengths[name] = max(best, s), s
+            scored.append((best * WEIGHT.get(cause, 1.0), cause, evidence))
+        scored.sort(key=lambda c: -c[0])
+        return self._causes(scored, reg, thermal, strengths.get("thr_hbm", 0.0))
+
+    def _measure(
+        self,
+        frame: Frame,
+        keys: Sequence[str],
+        name: str,
+        span: tuple[int, int, int, int],
+        lat: np.ndarray,
+    ) -> tuple[float, Evidence | None]:
+        """One candidate signal's strength on its worst GPU, and the evidence for it."""
+        lo, cut, start, now = span
+        signal, stat, ref = REFS[name]
+        times, values = frame.context.window("gpu", keys, signal, lo, now)
+        if values.size == 0 or np.isnan(values).all():
+            return 0.0, None
+        base, inc = values[:, times < cut], values[:, times >= cut]
+        change = _change(stat, base, inc)  # per GPU
+        if np.isnan(change).all():
+            return 0.0, None
+        row = int(np.nanargmax(change))
+        strength = float(np.clip(change[row] / ref, 0.0, 1.0))
+        onset = _onset(times, values[row], base[row], ref, stat)
+        corr, lag = _lagged_corr(values[row], lat, int(self.max_lag_s * 1000 // _res(times)))
+        late = onset is not None and onset > start + self.guard_s * 1000
+        strength *= (0.5 if late else 1.0) * (0.6 + 0.4 * max(corr, 0.0))
+        ev = Evidence(
+            series=_series(frame, keys[row], signal),
+            statistic=f"{stat} change vs the {self.baseline_s:.0f} s before",
+            value=float(np.nan_to_num(change[row])),
+            threshold=ref,
+            window_start_ms=cut,
+            window_end_ms=now,
+            lag_seconds=lag * _res(times) / 1000.0,
+            strength=round(corr, 3),
+            note="started after the regression" if late else "",
+        )
+        return strength, ev
+
+    def _causes(
+        self, scored: list[tuple[float, Cause, list[Evidence]]], reg: Finding,
+        thermal: Sequence[Finding], hbm_throttle: float,
+    ) -> list[RankedCause]:  # fmt: skip
+        total = sum(s for s, _, _ in scored) or 1.0
+        out = []
+        thermal_strength = next(s for s, c, _ in scored if c is Cause.THERMAL)
+        for s, cause, evidence in scored:
+            if s < 0.05:
+                continue
+            name, note = cause, ""
+            if cause is Cause.THERMAL:
+                name, note = _thermal_label(reg, thermal, hbm_throttle)
+            out.append(RankedCause(name, round(s / max(total, 1.0), 3), tuple(evidence), note))
+        if not out or scored[0][0] < self.min_strength:
+            best = scored[0][0] if scored else 0.0
+            out.insert(0, RankedCause(Cause.NONE, round(1.0 - best, 3), (),
+                                      "no cause found on the same GPU, node or rack"))  # fmt: skip
+        if thermal_strength < self.min_strength:
+            top = out[0]
+            note = f"{top.summary}; " if top.summary else ""
+            out[0] = dataclasses.replace(top, summary=note + "no thermal cause")
+        return out[:5]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ranked": self.ranked_}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.ranked_ = dict(state.get("ranked", {}))
+
+
+def _gpus_of(ctx: Any, entity: Mapping[str, str]) -> list[str]:
+    cluster, host, gpu = entity.get("cluster", ""), entity.get("host", ""), entity.get("gpu")
+    if gpu:
+        return [f"{cluster}/{host}/{gpu}"]
+    prefix = f"{cluster}/{host}/"
+    return [k for k in ctx.gpu_labels if k.startswith(prefix)] or [prefix]
+
+
+def _series(frame: Frame, key: str, signal: str) -> str:
+    if signal == "thermal_rise":
+        return "load-adjusted rise of " + frame.series_of("gpu", key, "mem_temp")
+    if signal == "bw_dev":
+        return "excess over its baseline of " + frame.series_of("gpu", key, "bw")
+    return frame.series_of("gpu", key, signal)
+
+
+def _res(times: np.ndarray) -> int:
+    return int(np.median(np.diff(times))) if len(times) > 1 else 5000
+
+
+def _change(stat: str, base: np.ndarray, inc: np.ndarray) -> np.ndarray:
+    b = quiet_nan(np.nanmean, base, axis=1)
+    if stat == "max":
+        return quiet_nan(np.nanmax, inc, axis=1) - np.fmax(np.nan_to_num(b), 0.0)
+    m = quiet_nan(np.nanmean, inc, axis=1)
+    if stat == "drop":
+        return np.where(b > 0, (b - quiet_nan(np.nanmin, inc, axis=1)) / b, np.nan)
+    if stat == "level":
+        return m - 0.85
+    return m - np.nan_to_num(b)
+
+
+def _onset(
+    times: np.ndarray, series: np.ndarray, base: np.ndarray, ref: float, stat: str
+) -> int | None:
+    """First slot where the candidate moved half its reference size away from its baseline."""
+    b = float(np.nan_to_num(quiet_nan(np.nanmean, base[None, :], axis=1)[0]))
+    moved = (b - series) / max(b, 1e-9) if stat == "drop" else series - b
+    hits = np.flatnonzero(np.nan_to_num(moved) >= ref / 2)
+    return int(times[hits[0]]) if len(hits) else None
+
+
+def _lagged_corr(x: np.ndarray, y: np.ndarray, max_lag: int) -> tuple[float, int]:
+    """Best Pearson correlation of ``x`` leading ``y`` by 0..max_lag slots, and that lag."""
+    best, best_lag = 0.0, 0
+    n = min(len(x), len(y))
+    for lag in range(max(0, min(max_lag, n - 3)) + 1):
+        a, b = x[: n - lag], y[lag:n]
+        ok = ~np.isnan(a) & ~np.isnan(b)
+        if ok.sum() < 4 or np.std(a[ok]) == 0 or np.std(b[ok]) == 0:
+            continue
+        r = float(np.corrcoef(a[ok], b[ok])[0, 1])
+        if r > best:
+            best, best_lag = r, lag
+    return best, best_lag
+
+
+def _thermal_label(
+    reg: Finding, thermal: Sequence[Finding], hbm_throttle: float
+) -> tuple[Cause, str]:
+    """Name the heat: from the open thermal finding of the rack, else of the GPU."""
+    e = reg.entity
+    rack = [f for f in thermal if f.entity.get("rack") == e.get("rack") and "host" not in f.entity]
+    gpu = [
+        f for f in thermal
+        if f.entity.get("host") == e.get("host")
+        and (not e.get("gpu") or f.entity.get("gpu") == e.get("gpu"))
+    ]  # fmt: skip
+    for found in (rack, gpu):
+        if found and found[0].top_cause:
+            return Cause(found[0].top_cause), found[0].summary
+    if hbm_throttle >= 0.5:
+        return Cause.HBM_THERMAL_THROTTLE, "HBM thermal throttling on this GPU"
+    return Cause.THERMAL, ""

@@ -1,0 +1,232 @@
+"""``hbmwatch score-file``: a recorded trace through the detectors, offline and causally.
+
+For users with a capture from their own hardware.  Two layouts are read:
+
+* **wide**: a ``timestamp`` column (Unix seconds or milliseconds, or ISO 8601) and one
+  column per series, named in Prometheus notation (``gpu_memory_temperature_celsius{host=
+  "n1",gpu="0"}``) or by a bare canonical metric name (labels then come from ``--label``);
+* **long** (the canonical layout): columns ``metric``, ``labels`` (``{a="1"}`` notation,
+  may be empty), ``timestamp`` and ``value``.
+
+The trace is replayed in time order through the same store and detection runner that
+``hbmwatch up`` uses: each cycle writes only the samples up to its own end and then runs
+the detectors, so no verdict sees a later sample (no look-ahead).  The output is a CSV of
+per-timestamp anomaly scores (each detector's largest score over its entities, 1.0 = at
+its threshold) and the findings as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from collector.exposition import MalformedLine, parse_series
+from detectors import default_detectors
+from detectors.context import Context
+from hbmwatch.detection import DetectionRunner
+from hbmwatch.metrics import METRICS
+from hbmwatch.records import Finding, Sample, SeriesKey, finding_to_dict
+from hbmwatch.settings import StoreSettings
+from hbmwatch.validation import HbmwatchError
+from store.engine import create_store_engine
+from store.migrate import upgrade
+from store.store import Store
+
+TIME_COLUMNS = ("timestamp", "time", "ts")
+LONG_COLUMNS = {"metric", "timestamp", "value"}
+
+
+class TraceError(HbmwatchError):
+    """A trace file that cannot be read, with the file and what is wrong in it."""
+
+
+@dataclass
+class Trace:
+    path: Path
+    samples: list[Sample]
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ScoredFile:
+    path: Path
+    samples: int
+    dropped: dict[str, int]
+    scores: pd.DataFrame
+    findings: list[Finding]
+
+
+def read_trace(path: Path, labels: Mapping[str, str] | None = None) -> Trace:
+    """Read a wide or long CSV into canonical samples; bad values are dropped and counted."""
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{path}: cannot read it as CSV: {exc}", path=str(path)) from exc
+    columns = {c.strip().lower(): c for c in frame.columns}
+    if set(columns) >= LONG_COLUMNS:
+        keys = [
+            _key(path, f"{m}{lab}" if isinstance(lab, str) else str(m), labels)
+            for m, lab in zip(frame[columns["metric"]], _labels_column(frame, columns), strict=True)
+        ]  # fmt: skip
+        times = _timestamps(path, frame[columns["timestamp"]])
+        values = pd.to_numeric(frame[columns["value"]], errors="coerce").to_numpy(float)
+        return _samples(path, keys, times, values)
+    time_col = next((columns[c] for c in TIME_COLUMNS if c in columns), None)
+    if time_col is None:
+        raise TraceError(
+            f"{path}: no time column: name one of {', '.join(TIME_COLUMNS)}, or use the "
+            "long layout (metric, labels, timestamp, value)",
+            path=str(path),
+        )
+    times = _timestamps(path, frame[time_col])
+    keys, all_times, all_values = [], [], []
+    for col in frame.columns:
+        if col == time_col:
+            continue
+        key = _key(path, str(col), labels)
+        keys += [key] * len(frame)
+        all_times.append(times)
+        all_values.append(pd.to_numeric(frame[col], errors="coerce").to_numpy(float))
+    if not keys:
+        raise TraceError(f"{path}: no value columns beside {time_col!r}", path=str(path))
+    return _samples(path, keys, np.concatenate(all_times), np.concatenate(all_values))
+
+
+def _labels_column(frame: pd.DataFrame, columns: Mapping[str, str]) -> list[Any]:
+    if "labels" not in columns:
+        return [""] * len(frame)
+    return [v if isinstance(v, str) else "" for v in frame[columns["labels"]]]
+
+
+def _key(path: Path, text: str, labels: Mapping[str, str] | None) -> SeriesKey:
+    try:
+        ref = parse_series(text.strip())
+    except MalformedLine as exc:
+        raise TraceError(f"{path}: column or series {text!r}: {exc}", path=str(path)) from exc
+    if ref.name not in METRICS:
+        raise TraceError(
+            f"{path}: {ref.name!r} is not a canonical metric (see docs/metrics.md); rename the "
+            'column, e.g. gpu_memory_temperature_celsius{host="n1",gpu="0"}',
+            path=str(path),
+            metric=ref.name,
+        )
+    merged = {"host": path.stem, "gpu": "0", **(labels or {}), **ref.label_dict()}
+    return SeriesKey(ref.name, merged)
+
+
+def _timestamps(path: Path, column: pd.Series) -> np.ndarray:
+    """Milliseconds since the epoch from Unix seconds, milliseconds or ISO 8601 text."""
+    numeric = pd.to_numeric(column, errors="coerce")
+    if numeric.notna().all():
+        values = numeric.to_numpy(float)
+        return np.round(np.where(values > 1e11, values, values * 1000)).astype(np.int64)
+    try:
+        parsed = pd.to_datetime(column, utc=True, format="ISO8601")
+    except (ValueError, TypeError) as exc:
+        raise TraceError(f"{path}: timestamps are neither numbers nor ISO 8601: {exc}") from exc
+    return parsed.dt.as_unit("ms").astype("int64").to_numpy(np.int64)
+
+
+def _samples(path: Path, keys: list[SeriesKey], times: np.ndarray, values: np.ndarray) -> Trace:
+    finite = np.isfinite(values)
+    dropped = {"non_finite": int((~finite).sum())} if (~finite).any() else {}
+    order = np.argsort(times, kind="stable")
+    samples = [
+        Sample(keys[i], int(times[i]), float(values[i])) for i in order.tolist() if finite[i]
+    ]
+    if not samples:
+        raise TraceError(f"{path}: no finite values to score", path=str(path))
+    return Trace(path, samples, dropped)
+
+
+def score_trace(
+    trace: Trace,
+    *,
+    step_seconds: float = 1.0,
+    cycle_seconds: float = 60.0,
+    workdir: Path | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> ScoredFile:
+    """Replay a trace cycle by cycle through a scratch store and the detectors."""
+    times = np.array([s.timestamp_ms for s in trace.samples], dtype=np.int64)
+    now = {"ms": int(times[0])}
+    with tempfile.TemporaryDirectory(dir=workdir, prefix="hbmwatch-score-") as tmp:
+        url = f"sqlite:///{Path(tmp) / 'trace.db'}"
+        engine = create_store_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        store = Store(create_store_engine(url), StoreSettings(url=url),
+                      clock=lambda: now["ms"] / 1000)  # fmt: skip
+        detectors = default_detectors()
+        runner = DetectionRunner(
+            store, detectors, step_seconds=step_seconds, settle_seconds=0.0,
+            backfill_seconds=10 * 86_400, context=Context(), clock=lambda: now["ms"] / 1000,
+        )  # fmt: skip
+        runner.start()
+        scores: list[pd.DataFrame] = []
+        cycle_ms, written = int(cycle_seconds * 1000), 0
+        end = int(times[0]) + cycle_ms
+        last = int(times[-1]) + int(step_seconds * 1000)
+        try:
+            while written < len(times):
+                upto = int(np.searchsorted(times, end, side="left"))
+                now["ms"] = end
+                if upto > written:
+                    store.write(trace.samples[written:upto])
+                    written = upto
+                runner.cycle(min(end, last))
+                scores.append(_frame_scores(runner))
+                if progress is not None:
+                    progress(written / len(times))
+                end += cycle_ms
+            findings = store.findings.query(limit=100_000)
+        finally:
+            store.close()
+    table = pd.concat(scores) if scores else pd.DataFrame()
+    return ScoredFile(trace.path, len(trace.samples), trace.dropped, table, findings)
+
+
+def _frame_scores(runner: DetectionRunner) -> pd.DataFrame:
+    frame = runner.last_frame
+    if frame is None or frame.steps == 0:
+        return pd.DataFrame()
+    data: dict[str, Any] = {"timestamp": frame.times_ms / 1000.0}
+    for name, values in frame.scores.items():
+        with np.errstate(all="ignore"):
+            col = np.nanmax(np.where(np.isnan(values), -np.inf, values), axis=0)
+        data[name] = np.where(np.isinf(col), np.nan, col)
+    return pd.DataFrame(data)
+
+
+def write_outputs(result: ScoredFile, out_dir: Path) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = result.path.stem
+    scores_path = out_dir / f"{stem}.scores.csv"
+    findings_path = out_dir / f"{stem}.findings.json"
+    table = result.scores.copy()
+    if "timestamp" in table:
+        table.insert(1, "time", pd.to_datetime(table["timestamp"], unit="s", utc=True))
+        table["timestamp"] = table["timestamp"].map("{:.3f}".format)
+    table.to_csv(scores_path, index=False, float_format="%.4g")
+    doc = {
+        "file": str(result.path),
+        "samples": result.samples,
+        "dropped": result.dropped,
+        "findings": [finding_to_dict(f) for f in result.findings],
+    }
+    findings_path.write_text(json.dumps(doc, indent=2, default=_jsonable) + "\n")
+    return scores_path, findings_path
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
