@@ -1,16 +1,19 @@
 """Read this host's GPUs with a local source for a while and write down what it saw.
 
-    python -m collector.probe nvml --seconds 60 --interval 0.5 --out nvml-probe.json
+    python -m collector.probe nvml --seconds 60 --interval 0.5 --out nvml-probe.json \
+        [--samples-csv trace.csv]
 
 Every reading, its canonical name, unit and value range; what the device does not support;
-the PCIe counter wraps seen; how long a collection takes.  Used to check a source against a
-real GPU (docs/collector.md records a run on an H200).  Needs only the standard library, the
-source's vendor binding and this repository on PYTHONPATH.
+the PCIe counter wraps seen; how long a collection takes.  ``--samples-csv`` also writes
+every reading in the canonical long layout that ``hbmwatch score-file`` reads.  Used to
+check a source against a real GPU (docs/collector.md records a run on an H200).  Needs only
+the standard library, the source's vendor binding and this repository on PYTHONPATH.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import json
 import sys
@@ -22,7 +25,9 @@ from typing import Any
 from hbmwatch import metrics
 
 
-def probe(source: Any, seconds: float, interval: float) -> dict[str, Any]:
+def probe(
+    source: Any, seconds: float, interval: float, samples_csv: Path | None = None
+) -> dict[str, Any]:
     readings: dict[str, list[tuple[float, float]]] = defaultdict(list)
     durations = []
     dropped: dict[str, int] = defaultdict(int)
@@ -38,6 +43,8 @@ def probe(source: Any, seconds: float, interval: float) -> dict[str, Any]:
             dropped[reason] += n
         devices.update({"/".join(k): vars_of(d) for k, d in collected.devices.items()})
         time.sleep(max(0.0, interval - (time.perf_counter() - t0)))
+    if samples_csv is not None:
+        write_long_csv(samples_csv, readings)
     series = {}
     for text, points in sorted(readings.items()):
         metric = text.split("{", 1)[0]
@@ -69,6 +76,16 @@ def probe(source: Any, seconds: float, interval: float) -> dict[str, Any]:
     }
 
 
+def write_long_csv(path: Path, readings: dict[str, list[tuple[float, float]]]) -> None:
+    with path.open("w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["metric", "labels", "timestamp", "value"])
+        for text, points in sorted(readings.items()):
+            metric, brace, rest = text.partition("{")
+            for ts, value in points:
+                out.writerow([metric, brace + rest, f"{ts:.3f}", repr(value)])
+
+
 def vars_of(device: Any) -> dict[str, str]:
     return {f: getattr(device, f) for f in device.__slots__}
 
@@ -79,13 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--samples-csv", type=Path, default=None)
     args = parser.parse_args(argv)
     from collector.sources.nvml import NvmlCollector, import_pynvml
 
     source = NvmlCollector(import_pynvml())
     source.open()
     try:
-        report = probe(source, args.seconds, args.interval)
+        report = probe(source, args.seconds, args.interval, args.samples_csv)
     finally:
         source.close()
     args.out.write_text(json.dumps(report, indent=2) + "\n")

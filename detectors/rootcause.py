@@ -12,9 +12,11 @@ between the windows against a reference size (``REFS``), weighed by
 Thermal candidates (the load-adjusted temperature rise, thermal and HBM-thermal throttle
 residency) collapse into one, named from the thermal findings open on the GPU or its rack
 (``cooling`` for a rack that warms alone, ``ambient`` for a room, ``thermal`` for one GPU),
-because a throttle is how heat reaches latency, not a cause of its own.  When the thermal
-candidate is weak the ranking says so ("no thermal cause"): DOMAIN.md's H200 trace shows
-memory warming under a co-tenant's copy while the copy, not the heat, raised p99.
+because a throttle is how heat reaches latency, not a cause of its own.  A rise without
+any throttling counts for little: memory at 54 C is far from every limit and slows
+nothing.  When the thermal candidate is weak the ranking says so ("no thermal cause"):
+DOMAIN.md's H200 trace shows memory warming under a co-tenant's copy while the copy, not
+the heat, raised p99 (and a real capture in docs/device-runs shows the same).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ CANDIDATES: dict[Cause, tuple[str, ...]] = {
 #: A mechanism rather than a root cause: it ranks under the cause that explains it.
 WEIGHT = {Cause.CLOCK_DROP: 0.5, Cause.MEMORY_BANDWIDTH: 0.7}
 SAME_GPU_ONLY = (Cause.CO_TENANT, Cause.MEMORY_BANDWIDTH)
+#: Heat slows work only through throttling: a rise with no throttle is weak evidence.
+MECHANISM_FREE = {"thermal_rise": 0.3}
 
 
 class RootCause:
@@ -128,7 +132,8 @@ class RootCause:
                 s, ev = self._measure(frame, keys, name, (lo, cut, start, now), lat)
                 if ev is not None:
                     evidence.append(ev)
-                best, strengths[name] = max(best, s), s
+                strengths[name] = s
+                best = max(best, s * MECHANISM_FREE.get(name, 1.0))
             scored.append((best * WEIGHT.get(cause, 1.0), cause, evidence))
         scored.sort(key=lambda c: -c[0])
         return self._causes(scored, reg, thermal, strengths.get("thr_hbm", 0.0))

@@ -318,7 +318,11 @@ class ThermalExcursions:
         self, frame: Frame, row: int, worst: int, rise: np.ndarray, excess: np.ndarray
     ) -> list[RankedCause]:
         labels = frame.gpus.labels[row]
-        scope = self._heat_scope(labels.get("cluster", ""), labels.get("rack", ""))
+        cluster, rack = labels.get("cluster", ""), labels.get("rack", "")
+        rack_ep = self.rack_open_.episodes.get(f"{cluster}/{rack}")
+        scope = self._heat_scope(cluster, rack)
+        if rack_ep is not None:
+            scope = self._rack_scope(rack_ep, cluster, rack)
         if scope is not None:
             cause, note = scope
             return [
@@ -347,6 +351,20 @@ class ThermalExcursions:
                 f"{len(hot)} of {len(same_cluster)} racks of {cluster} warm together",
             )
         return Cause.COOLING, f"rack {rack} warms alone in {cluster}"
+
+    def _rack_scope(self, ep: Episode, cluster: str, rack: str) -> tuple[Cause, str]:
+        """The rack episode's cause, decided once and only widened (cooling -> ambient).
+
+        Racks cool down at different times after a room's heat wave; the cause must not
+        fall back to ``cooling`` when the last rack is the only one still warm.
+        """
+        scope = self._heat_scope(cluster, rack)
+        held = ep.extra.get("cause")
+        if scope is not None and (held is None or scope[0] is Cause.AMBIENT):
+            ep.extra["cause"], ep.extra["note"] = scope[0].value, scope[1]
+        if "cause" not in ep.extra:
+            return Cause.COOLING, f"rack {rack} warms alone"
+        return Cause(ep.extra["cause"]), ep.extra["note"]
 
     # -- rack-wide findings ----------------------------------------------------------------
     def _step_racks(self, frame: Frame, t_ms: int, gpu_rise: np.ndarray) -> list[Finding]:
@@ -389,8 +407,7 @@ class ThermalExcursions:
         ep = self.rack_open_.episodes.get(rkey) or Episode(t_ms, t_ms)
         row = self.racks_.index[rkey]
         rise, frac = float(self.racks_["rise_"][row]), float(self.racks_["frac_"][row])
-        scope = self._heat_scope(cluster, rack) or (Cause.COOLING, f"rack {rack} warms alone")
-        cause, note = scope
+        cause, note = self._rack_scope(ep, cluster, rack)
         other = Cause.AMBIENT if cause is Cause.COOLING else Cause.COOLING
         series = frame.series_of("gpu", frame.gpus.keys[members[0]], "mem_temp")
         evidence = [

@@ -232,6 +232,9 @@ def score_file(
         typer.Option(help="Label for bare column names, e.g. --label sku=H200 (repeatable)."),
     ] = None,
     step: Annotated[float, typer.Option(min=0.05, help="The detectors' time grid, s.")] = 1.0,
+    merge: Annotated[
+        bool, typer.Option(help="Score the files as one trace (e.g. NVML beside latencies).")
+    ] = False,
 ) -> None:
     """Stream recorded traces through the detectors causally; write scores and findings."""
     from hbmwatch import offline
@@ -244,12 +247,15 @@ def score_file(
             console.print(f"[red]error:[/red] --label {item!r}: use NAME=VALUE")
             raise typer.Exit(2)
         labels[name.strip()] = value.strip()
-    for path in files:
-        try:
-            trace = offline.read_trace(path, labels)
-        except HbmwatchError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from exc
+    try:
+        traces = [offline.read_trace(path, labels) for path in files]
+    except HbmwatchError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    if merge:
+        traces = [offline.merge_traces(traces)]
+    for trace in traces:
+        path = trace.path
         console.print(f"{path}: {len(trace.samples):,} samples, dropped {trace.dropped or 'none'}")
         result = offline.score_trace(trace, step_seconds=step)
         scores_path, findings_path = offline.write_outputs(result, out)

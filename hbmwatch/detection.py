@@ -9,6 +9,7 @@ findings and state go back to the store.  Detectors themselves do no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -135,6 +136,17 @@ class DetectionRunner:
         report.seconds = time.perf_counter() - started
         return report
 
+    def _keep_causes(self, f: Finding) -> Finding:
+        """A restatement without causes keeps the ranking an earlier one carried.
+
+        The detector that finds a regression does not rank its causes (root cause does,
+        while it is open); its closing statement must not erase that ranking.
+        """
+        prev = self.open.get(f.id)
+        if f.causes or prev is None or not prev.causes:
+            return f
+        return dataclasses.replace(f, causes=prev.causes)
+
     @staticmethod
     def _merge(current: list[Finding], new: list[Finding]) -> list[Finding]:
         merged = {f.id: f for f in current}
@@ -146,7 +158,7 @@ class DetectionRunner:
         return list(merged.values())
 
     def _record(self, findings: list[Finding], report: CycleReport) -> None:
-        latest = {f.id: f for f in findings}
+        latest = {f.id: self._keep_causes(f) for f in findings}
         for f in latest.values():
             if f.id not in self.open and f.open:
                 report.opened.append(f)

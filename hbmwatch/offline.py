@@ -147,6 +147,16 @@ def _samples(path: Path, keys: list[SeriesKey], times: np.ndarray, values: np.nd
     return Trace(path, samples, dropped)
 
 
+def merge_traces(traces: list[Trace]) -> Trace:
+    """Several files of one capture as one trace, named after the first, in time order."""
+    samples = sorted((s for t in traces for s in t.samples), key=lambda s: s.timestamp_ms)
+    dropped: dict[str, int] = {}
+    for t in traces:
+        for reason, n in t.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + n
+    return Trace(traces[0].path, samples, dropped)
+
+
 def score_trace(
     trace: Trace,
     *,

@@ -1,11 +1,19 @@
 """Load phases for a device check, as in DOMAIN.md's H200 trace: idle, HBM copy, GEMM, rest.
 
-python3 scripts/gpu_load.py --phase-seconds 15
+python3 scripts/gpu_load.py --phase-seconds 15 [--idle-seconds 200] [--latency-csv FILE]
+
+With ``--latency-csv`` a request loop (a 64 MiB copy on its own stream, timed one by one)
+runs through every phase, and each second's p50/p99 over the last 10 s and the requests in
+them are written in the canonical long layout, so ``hbmwatch score-file`` can read the
+latency beside the NVML trace.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import socket
+import threading
 import time
 
 import torch
@@ -14,14 +22,20 @@ import torch
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--phase-seconds", type=float, default=15.0)
-    seconds = parser.parse_args().phase_seconds
+    parser.add_argument("--idle-seconds", type=float, default=None)
+    parser.add_argument("--latency-csv", default=None)
+    args = parser.parse_args()
+    seconds = args.phase_seconds
     dev = torch.device("cuda")
+    stop = threading.Event()
+    if args.latency_csv:
+        threading.Thread(target=requests, args=(args.latency_csv, stop), daemon=True).start()
     src = torch.empty(2 * 1024**3, dtype=torch.uint8, device=dev)  # 2 GiB
     dst = torch.empty_like(src)
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
     print(f"{time.time():.1f} idle", flush=True)
-    time.sleep(seconds)
+    time.sleep(args.idle_seconds if args.idle_seconds is not None else seconds)
     print(f"{time.time():.1f} hbm copy", flush=True)
     end = time.time() + seconds
     while time.time() < end:
@@ -37,6 +51,49 @@ def main() -> None:
     print(f"{time.time():.1f} rest", flush=True)
     time.sleep(seconds)
     print(f"{time.time():.1f} done", flush=True)
+    stop.set()
+    time.sleep(1.5)
+
+
+def requests(path: str, stop: threading.Event, window_s: float = 10.0) -> None:
+    """Timed small copies on their own stream; per second, the window's p50/p99."""
+    stream = torch.cuda.Stream()
+    src = torch.empty(64 * 1024**2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    labels = f'host="{socket.gethostname()}",gpu="0",service="probe",phase="e2e"'
+    done: list[tuple[float, float]] = []
+    next_write = time.time() + 1.0
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["metric", "labels", "timestamp", "value"])
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            with torch.cuda.stream(stream):
+                dst.copy_(src)
+            stream.synchronize()
+            now = time.time()
+            done.append((now, time.perf_counter() - t0))
+            time.sleep(0.002)
+            if now >= next_write:
+                next_write += 1.0
+                recent = sorted(d for t, d in done if t > now - window_s)
+                done = [(t, d) for t, d in done if t > now - window_s]
+                if not recent:
+                    continue
+                for q, name in ((0.5, "0.5"), (0.99, "0.99")):
+                    value = recent[min(len(recent) - 1, int(q * len(recent)))]
+                    out.writerow(
+                        [
+                            "workload_latency_seconds",
+                            f'{{{labels},quantile="{name}"}}',
+                            f"{now:.3f}",
+                            f"{value:.6g}",
+                        ]
+                    )
+                out.writerow(
+                    ["workload_window_requests", f"{{{labels}}}", f"{now:.3f}", len(recent)]
+                )
+                f.flush()
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ class SimServer:
         self._routes: list[dict[str, Any]] = []
         self._started_wall = 0.0
         self._connections: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
         self._pages: dict[tuple[str, int], tuple[int, bytes]] = {}  # one render a step
 
     async def start(self) -> list[Target]:
@@ -119,12 +120,18 @@ class SimServer:
             server.close()
         for writer in list(self._connections):  # as a stopped process, drop keep-alives
             writer.close()
+        if self._handlers:  # let each connection's handler see its EOF and finish
+            await asyncio.wait(list(self._handlers), timeout=5)
         for server in self._servers:
             await server.wait_closed()
 
     async def _handle(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, routes: dict[str, Any]
     ) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")

@@ -106,3 +106,23 @@ def test_cli_writes_scores_and_findings(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and "cannot read it as CSV" in bad.stdout + bad.stderr
+
+
+def test_probe_samples_csv_reads_back_as_a_long_trace(tmp_path: Path) -> None:
+    """``collector.probe --samples-csv`` (the device script's capture) is score-file input."""
+    from collector.probe import probe
+    from collector.sources.nvml import NvmlCollector
+    from tests.fakes.nvml import FakeNvml
+
+    source = NvmlCollector(FakeNvml(), host="gpu-host")
+    source.open()
+    try:
+        report = probe(source, 1.1, 0.5, tmp_path / "trace.csv")
+    finally:
+        source.close()
+    trace = read_trace(tmp_path / "trace.csv")
+    names = {s.series.text for s in trace.samples}
+    assert names == set(report["series"])
+    assert len(trace.samples) == sum(s["samples"] for s in report["series"].values())
+    mem = [s for s in trace.samples if s.series.metric == "gpu_memory_temperature_celsius"]
+    assert mem and mem[0].series.label("host") == "gpu-host"
