@@ -273,9 +273,7 @@ class ThermalExcursions:
         labels = frame.gpus.labels[row]
         ep = self.gpu_open_.episodes.get(key) or Episode(t_ms, t_ms)
         xs, rs, es = x[row, :, i], rise[row, :, i], excess[row, :, i]
-        with np.errstate(all="ignore"):
-            worst = int(np.nanargmax(np.nan_to_num(np.fmax(rs, es), nan=-np.inf)))
-        worst = worst if not np.isnan(xs[worst]) else int(np.nanargmax(np.nan_to_num(xs, nan=-1)))
+        worst = self._worst_sensor(xs, rs, es, limits[row])
         sensor = SENSORS[worst]
         ep.peak = max(ep.peak, float(np.nan_to_num(xs[worst])))
         rate_row = self.rate_.rows([key])[0]
@@ -303,6 +301,21 @@ class ThermalExcursions:
             raised_ms=ep.raised_ms, updated_ms=t_ms, ended_ms=end, evidence=evidence,
             causes=causes,
         )  # fmt: skip
+
+    def _worst_sensor(
+        self, x: np.ndarray, rise: np.ndarray, excess: np.ndarray, limits: np.ndarray
+    ) -> int:
+        """The sensor furthest past any of its thresholds, as ``_score`` weighs them."""
+        peer_enter = np.r_[self.peer_enter_c, self.peer_enter_c, [self.stack_enter_c] * 8]
+        with np.errstate(all="ignore"):
+            parts = np.stack([
+                rise / self.rise_enter_c,
+                excess / peer_enter,
+                (x - (limits - self.margin_c)) / self.margin_c + 1.0,
+            ])  # fmt: skip
+            per_sensor = np.nan_to_num(parts, nan=-np.inf).max(axis=0)
+        per_sensor = np.where(np.isnan(x), -np.inf, per_sensor)
+        return int(np.argmax(per_sensor)) if np.isfinite(per_sensor).any() else 0
 
     def _sensor_series(self, frame: Frame, key: str, sensor: str) -> str:
         if sensor == "memory":
@@ -333,14 +346,21 @@ class ThermalExcursions:
         return [RankedCause(Cause.THERMAL, 0.9, summary=f"{where}; its rack's other GPUs do not")]
 
     def _heat_scope(self, cluster: str, rack: str) -> tuple[Cause, str] | None:
-        """``cooling`` if this rack runs hot alone, ``ambient`` if most of its cluster does."""
+        """``cooling`` if this rack runs hot alone, ``ambient`` if most of its cluster does.
+
+        A rack counts as hot while its rack-wide finding is open, or while its GPUs rise
+        together now: racks cross the threshold seconds apart in a room's heat wave.
+        """
         racks = self.racks_
-        if rack not in racks.index:
+        if f"{cluster}/{rack}" not in racks.index:
             return None
         hot = [
             k for k, row in racks.index.items()
-            if k.startswith(f"{cluster}/") and racks["rise_"][row] >= 0.5 * self.rack_enter_c
-            and racks["frac_"][row] >= self.rack_fraction
+            if k.startswith(f"{cluster}/") and (
+                k in self.rack_open_.episodes
+                or (racks["rise_"][row] >= 0.5 * self.rack_enter_c
+                    and racks["frac_"][row] >= self.rack_fraction)
+            )
         ]  # fmt: skip
         same_cluster = [k for k in racks.index if k.startswith(f"{cluster}/")]
         if f"{cluster}/{rack}" not in hot:

@@ -338,6 +338,12 @@ def _print_store_report(report: dict) -> None:  # type: ignore[type-arg]
     Console(width=120).print(table)
 
 
+def _check_fleet_size(gpus: int) -> None:
+    if gpus < 64 or gpus % 64:
+        console.print("[red]error:[/red] --gpus must be a positive multiple of 64")
+        raise typer.Exit(2)
+
+
 @bench_app.command("sim")
 def bench_sim(
     gpus: Annotated[int, typer.Option(help="Fleet size (a multiple of 64).")] = 1024,
@@ -347,9 +353,7 @@ def bench_sim(
     """How much faster than real time the simulator runs a fleet at 1 s steps."""
     from hbmwatch import benchmarks
 
-    if gpus < 64 or gpus % 64:
-        console.print("[red]error:[/red] --gpus must be a positive multiple of 64")
-        raise typer.Exit(2)
+    _check_fleet_size(gpus)
     log.configure("warning")
     report = benchmarks.bench_sim(gpus=gpus, steps=steps)
     table = Table(title=f"hbmwatch bench sim ({report['gpus']} GPUs, {steps} x 1 s steps)")
@@ -420,9 +424,7 @@ def bench_detect(
     """Seconds a detection cycle takes over a fleet's newest minute (target: under 1 s)."""
     from hbmwatch import benchmarks
 
-    if gpus < 64 or gpus % 64:
-        console.print("[red]error:[/red] --gpus must be a positive multiple of 64")
-        raise typer.Exit(2)
+    _check_fleet_size(gpus)
     log.configure("warning")
     console.print(
         f"[bold]hbmwatch bench detect[/bold] on {benchmarks.machine()}: {gpus} GPUs for "

@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from hbmwatch.settings import StoreSettings
+from store.store import open_store
 from tests.test_service import HBMWATCH, clean_env, free_port
 
 
@@ -94,8 +96,6 @@ def test_bench_sim_reports(tmp_path: Path) -> None:
 def _wait_until_collected(db: Path, hosts: int, seconds: float = 60) -> None:
     """The service scrapes the simulated fleet into its own store: every node's GPUs."""
     from hbmwatch.query import parse_selector
-    from hbmwatch.settings import StoreSettings
-    from store.store import open_store
 
     store = open_store(StoreSettings(url=f"sqlite:///{db}"))
     try:
@@ -137,6 +137,15 @@ def test_up_without_targets_runs_the_default_scenario(tmp_path: Path) -> None:
         truth = json.loads((tmp_path / "hbmwatch-sim-truth.json").read_text())
         assert truth["scenario"] == "default" and len(truth["faults"]) == 5
         _wait_until_collected(tmp_path / "hbmwatch.db", hosts=9)
+        time.sleep(12)  # two detection cycles (every 5 s, 2 s settling) over what came in
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
+    # The detectors ran inside `up` and left their state in the store on the way out.
+    store = open_store(StoreSettings(url=f"sqlite:///{tmp_path / 'hbmwatch.db'}"))
+    try:
+        thermal = store.get_state("detector:thermal")
+        assert thermal and thermal["temps"]["keys"], thermal
+        assert store.get_state("detection:runner")["frame_end_ms"] > 0
+    finally:
+        store.close()
