@@ -195,6 +195,46 @@ class Hysteresis:
         }
 
 
+class SparseGate:
+    """Steps a ``Hysteresis`` with only the entities whose state can change.
+
+    ``Hysteresis.step`` looks every key up, which for 10,000 sensors x 60 steps costs more
+    than the detector's arithmetic.  An entity that is not open, not over ``enter`` now and
+    was not over before (no clock running) cannot open or close, and what ``step`` would
+    record for it is never read, so it is left out: the result is the same, at a cost that
+    follows the number of anomalous entities.  Built once per frame for that frame's keys.
+
+    >>> h = Hysteresis(enter=1.0, exit=0.5, min_on_s=2, min_off_s=0)
+    >>> gate = SparseGate(h, ["a", "b"])
+    >>> [gate.step(np.array([s, 0.0]), t * 1000) for t, s in enumerate([2, 2, 2, 0])]
+    [([], []), ([], []), (['a'], []), ([], ['a'])]
+    >>> h.table.keys
+    ['a', 'b']
+    """
+
+    def __init__(self, hysteresis: Hysteresis, keys: list[str]) -> None:
+        self.h = hysteresis
+        self.keys = keys
+        rows = hysteresis.table.rows(keys)
+        self.open = hysteresis.table["open"][rows] > 0
+        self.tracked = self.open | ~np.isnan(hysteresis.table["over_since"][rows])
+
+    def step(self, score: np.ndarray, t_ms: int) -> tuple[list[str], list[str]]:
+        known = ~np.isnan(score)
+        over = known & (score >= self.h.enter)
+        pick = np.flatnonzero(known & (over | self.tracked))
+        if pick.size == 0:
+            return [], []
+        sub = [self.keys[j] for j in pick.tolist()]
+        opened, closed = self.h.step(sub, score[pick], t_ms)
+        if opened or closed:
+            where = dict(zip(sub, pick.tolist(), strict=True))
+            self.open[[where[k] for k in opened]] = True
+            self.open[[where[k] for k in closed]] = False
+        self.tracked[pick] = over[pick] | self.open[pick]
+        return opened, closed
+
+
 def fingerprint(kind: str, entity: Mapping[str, str]) -> str:
     """Stable identity of "this kind of finding about this entity"."""
     text = kind + "|" + ",".join(f"{k}={entity[k]}" for k in sorted(entity))
@@ -238,6 +278,30 @@ def quiet_nan(fn: Any, a: np.ndarray, axis: int | None = None) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return fn(a, axis=axis)  # type: ignore[no-any-return]
+
+
+def nanmedian(a: np.ndarray, axis: int | None = None) -> np.ndarray:
+    """``np.nanmedian`` without its per-slice Python path or its all-NaN warnings.
+
+    NaN sorts last, so each slice's median sits in the middle of its non-NaN head; an
+    all-NaN slice gives NaN.  Several times faster than numpy's on fleet-sized frames.
+
+    >>> nanmedian(np.array([[1.0, np.nan], [3.0, np.nan], [np.nan, np.nan]]), axis=0).tolist()
+    [2.0, nan]
+    """
+    a = np.asarray(a, dtype=float)
+    if axis is None:
+        a, axis = a.reshape(-1), 0
+    head = np.moveaxis(np.sort(a, axis=axis), axis, 0)
+    if head.shape[0] == 0:
+        empty = np.full(head.shape[1:], np.nan)
+        return empty if empty.ndim else float(empty)  # type: ignore[return-value]
+    n = (~np.isnan(head)).sum(axis=0)
+    lo, hi = np.maximum((n - 1) // 2, 0)[None], np.maximum(n // 2, 0)[None]
+    with np.errstate(invalid="ignore"):
+        mid = (np.take_along_axis(head, lo, 0)[0] + np.take_along_axis(head, hi, 0)[0]) / 2.0
+    out = np.where(n > 0, mid, np.nan)
+    return out if out.ndim else float(out)  # type: ignore[return-value]
 
 
 def latest(findings: Iterable[Finding]) -> list[Finding]:

@@ -20,7 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import EntityTable, Episode, Hysteresis, latest, make_finding, quiet_nan
+from detectors.base import (
+    EntityTable,
+    Episode,
+    Hysteresis,
+    SparseGate,
+    latest,
+    make_finding,
+    quiet_nan,
+)
 from detectors.frame import Frame
 from detectors.scorers import decay
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
@@ -55,46 +63,6 @@ def _dt_s(last_ms: np.ndarray, t_ms: int, step_s: float) -> np.ndarray:
 
 def _f(value: float) -> float:
     return float(np.nan_to_num(value))
-
-
-class SparseGate:
-    """Steps a ``Hysteresis`` with only the entities whose state can change.
-
-    ``Hysteresis.step`` looks every key up, which for 10,000 sensors x 60 steps costs more
-    than the detector's arithmetic.  An entity that is not open, not over ``enter`` now and
-    was not over before (no clock running) cannot open or close, and what ``step`` would
-    record for it is never read, so it is left out: the result is the same, at a cost that
-    follows the number of anomalous entities.  Built once per frame for that frame's keys.
-
-    >>> h = Hysteresis(enter=1.0, exit=0.5, min_on_s=2, min_off_s=0)
-    >>> gate = SparseGate(h, ["a", "b"])
-    >>> [gate.step(np.array([s, 0.0]), t * 1000) for t, s in enumerate([2, 2, 2, 0])]
-    [([], []), ([], []), (['a'], []), ([], ['a'])]
-    >>> h.table.keys
-    ['a', 'b']
-    """
-
-    def __init__(self, hysteresis: Hysteresis, keys: list[str]) -> None:
-        self.h = hysteresis
-        self.keys = keys
-        rows = hysteresis.table.rows(keys)
-        self.open = hysteresis.table["open"][rows] > 0
-        self.tracked = self.open | ~np.isnan(hysteresis.table["over_since"][rows])
-
-    def step(self, score: np.ndarray, t_ms: int) -> tuple[list[str], list[str]]:
-        known = ~np.isnan(score)
-        over = known & (score >= self.h.enter)
-        pick = np.flatnonzero(known & (over | self.tracked))
-        if pick.size == 0:
-            return [], []
-        sub = [self.keys[j] for j in pick.tolist()]
-        opened, closed = self.h.step(sub, score[pick], t_ms)
-        if opened or closed:
-            where = dict(zip(sub, pick.tolist(), strict=True))
-            self.open[[where[k] for k in opened]] = True
-            self.open[[where[k] for k in closed]] = False
-        self.tracked[pick] = over[pick] | self.open[pick]
-        return opened, closed
 
 
 class Throttling:

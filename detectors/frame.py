@@ -8,7 +8,7 @@ frames), and scatters everything onto a grid of ``step_ms``.  A missing value is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -25,6 +25,8 @@ WRAPS = (2.0**32, 2.0**64)
 GPU_LABELS = ("cluster", "rack", "host", "gpu", "sku", "vendor")
 WORKLOAD_LABELS = ("cluster", "rack", "host", "gpu", "partition", "service", "model", "phase")
 TARGET_LABELS = ("cluster", "rack", "host", "target", "source")
+TABLES = ("gpu", "wl", "tgt")
+TABLE_LABELS = (GPU_LABELS, WORKLOAD_LABELS, TARGET_LABELS)
 
 
 class Route(NamedTuple):
@@ -53,6 +55,49 @@ class Entities:
         return len(self.keys)
 
 
+class SeriesIndex(MutableMapping[tuple[str, str, str], str]):
+    """``(table, key, signal) -> series text``, looked up when asked.
+
+    A frame has ~70k of them and evidence needs a handful, so the builder hands over each
+    table's (row, signal) -> slot matrix instead of building a dict of strings every cycle.
+    Entries set by hand (tests, other builders) sit in front of it.
+    """
+
+    def __init__(self, entities: Mapping[str, Entities], slots: Mapping[str, np.ndarray],
+                 texts: list[str]) -> None:  # fmt: skip
+        self._entities, self._slots, self._texts = entities, slots, texts
+        self._extra: dict[tuple[str, str, str], str] = {}
+
+    def __getitem__(self, key: tuple[str, str, str]) -> str:
+        if key in self._extra:
+            return self._extra[key]
+        table, entity, signal = key
+        ents, slots = self._entities.get(table), self._slots.get(table)
+        row = ents.index.get(entity) if ents is not None else None
+        code = SIGNAL_CODE.get(signal)
+        if row is None or code is None or slots is None or slots[row, code] < 0:
+            raise KeyError(key)
+        return self._texts[int(slots[row, code])]
+
+    def __setitem__(self, key: tuple[str, str, str], value: str) -> None:
+        self._extra[key] = value
+
+    def __delitem__(self, key: tuple[str, str, str]) -> None:
+        del self._extra[key]
+
+    def __iter__(self) -> Iterator[tuple[str, str, str]]:
+        yield from self._extra
+        for table, slots in self._slots.items():
+            keys = self._entities[table].keys
+            for row, code in zip(*np.nonzero(slots >= 0), strict=True):
+                key = (table, keys[row], SIGNALS[code])
+                if key not in self._extra:
+                    yield key
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @dataclass
 class Frame:
     """Signals on a grid: ``times_ms[i]`` is the start of step i, ``[t, t + step)``."""
@@ -67,7 +112,7 @@ class Frame:
     stacks: np.ndarray  # (G, MAX_STACKS, T)
     wl: dict[str, np.ndarray]  # (W, T)
     tgt: dict[str, np.ndarray]  # (N, T)
-    series: dict[tuple[str, str, str], str]  # (table, key, signal) -> a series' text
+    series: MutableMapping[tuple[str, str, str], str]  # (table, key, signal) -> series text
     resets: dict[str, int]  # GPU key -> counter resets seen in this frame
     link_errors: dict[str, dict[str, float]]  # GPU key -> link -> errors in this frame
     late: int = 0
@@ -223,22 +268,82 @@ def counter_deltas(prev: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np
 
 
 class FrameBuilder:
-    """Routes series to rows and keeps each counter's last value between frames."""
+    """Routes series to rows and keeps each counter's last value between frames.
+
+    Everything a series needs (table, signal, entity, counter state) lives in columns
+    indexed by a slot the series gets the first time it is seen, so building a frame is a
+    handful of array operations over all samples rather than a loop over series (a minute
+    of 1,024 GPUs is ~3 million samples of ~69k series; docs/benchmarks.md).  Samples stay
+    in time order; only counters are regrouped by series, with a radix sort.
+    """
 
     def __init__(self, key_of: Callable[[int], SeriesKey | None]) -> None:
         self.key_of = key_of
-        self._routes: dict[int, Route | None] = {}
-        self._labels: dict[int, SeriesKey] = {}
-        self.last_counter: dict[int, float] = {}
-        self.last_counter_ms: dict[int, int] = {}
+        self._slot_by_sid = np.zeros(0, np.int64)  # -1: not seen yet
+        self._table: list[int] = []  # index into TABLES, -1 for series no detector reads
+        self._signal: list[int] = []
+        self._entity: list[int] = []  # row in self._entities[table]
+        self._stack: list[int] = []
+        self._how: list[int] = []  # 0 gauge, 1 counter, 2 seconds counter (fraction)
+        self._text: list[str] = []
+        self._link: list[str] = []
+        self._entities = [Entities(), Entities(), Entities()]
+        self._cols: dict[str, np.ndarray] = {}
+        self._last = np.zeros(0)  # each counter's last value, NaN before the first
+        self._last_ms = np.zeros(0, np.int64)  # and its time: samples up to it are used
 
-    def _route(self, sid: int) -> Route | None:
-        if sid not in self._routes:
-            key = self.key_of(sid)
-            self._routes[sid] = route(key) if key is not None else None
-            if key is not None:
-                self._labels[sid] = key
-        return self._routes[sid]
+    def _slots(self, sids: np.ndarray) -> np.ndarray:
+        """Each sample's slot, routing series not seen before (in ascending id order)."""
+        top = int(sids.max()) + 1
+        if top > len(self._slot_by_sid):
+            grown = np.full(max(top, 2 * len(self._slot_by_sid)), -1, np.int64)
+            grown[: len(self._slot_by_sid)] = self._slot_by_sid
+            self._slot_by_sid = grown
+        slots = self._slot_by_sid[sids]
+        unseen = slots < 0
+        if unseen.any():
+            for sid in np.unique(sids[unseen]).tolist():
+                self._slot_by_sid[sid] = self._add(sid)
+            self._grow()
+            slots = self._slot_by_sid[sids]
+        return slots
+
+    def _add(self, sid: int) -> int:
+        key = self.key_of(sid)
+        r = route(key) if key is not None else None
+        slot = len(self._table)
+        table = TABLES.index(r.table) if r is not None else -1
+        self._table.append(table)
+        self._signal.append(SIGNALS.index(r.signal) if r is not None else 0)
+        self._stack.append(r.slot if r is not None else -1)
+        self._how.append({"sum": 1, "frac": 2}.get(r.how, 0) if r is not None else 0)
+        self._text.append(key.text if key is not None else "")
+        self._link.append((key.label("link") or "all") if key is not None else "")
+        if r is None or key is None:
+            self._entity.append(-1)
+        else:
+            labels = dict(key.labels)
+            keep = TABLE_LABELS[table]
+            self._entity.append(
+                self._entities[table].add(r.key, {k: labels[k] for k in keep if k in labels})
+            )
+        return slot
+
+    def _grow(self) -> None:
+        n = len(self._table)
+        for name in ("_table", "_signal", "_entity", "_stack", "_how"):
+            self._cols[name] = np.asarray(getattr(self, name), dtype=np.int64)
+        table, how = self._cols["_table"], self._cols["_how"]
+        self._cols["fabric"] = (table == 0) & (
+            self._cols["_signal"] == SIGNAL_CODE["fabric_errors"]
+        )
+        self._cols["kind"] = np.where(table < 0, -1, how).astype(np.int8)
+        # One small code per (table, signal): the scatter's radix-sort key.
+        self._cols["group"] = (np.maximum(table, 0) * len(SIGNALS) + self._cols["_signal"]
+                               ).astype(np.uint8)  # fmt: skip
+        grown = n - len(self._last)
+        self._last = np.r_[self._last, np.full(grown, np.nan)]
+        self._last_ms = np.r_[self._last_ms, np.full(grown, -1, np.int64)]
 
     def build(self, block: SampleBlock, start_ms: int, end_ms: int, step_ms: int) -> Frame:
         steps = max(0, (end_ms - start_ms) // step_ms)
@@ -248,101 +353,144 @@ class FrameBuilder:
         )  # fmt: skip
         if len(block) == 0 or steps == 0:
             return frame
-        order = np.lexsort((block.timestamps_ms, block.series_ids))
-        sids = block.series_ids[order]
-        ts = block.timestamps_ms[order]
-        vals = block.values[order]
-        starts = np.flatnonzero(np.r_[True, sids[1:] != sids[:-1]])
-        ends = np.r_[starts[1:], len(sids)]
+        frame.series = SeriesIndex(
+            {"gpu": frame.gpus, "wl": frame.workloads, "tgt": frame.targets}, {}, self._text
+        )
+        ts, sids, vals = block.timestamps_ms, block.series_ids, block.values
         frame.late = int((ts < start_ms).sum())
-        parts: dict[tuple[str, str], list[tuple[int, np.ndarray, np.ndarray, int]]] = {}
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            sid = int(sids[a])
-            r = self._route(sid)
-            if r is None:
-                continue
-            t, v = ts[a:b], vals[a:b]
-            if r.how in ("sum", "frac"):
-                # Each counter sample is differenced once: samples of later frames wait
-                # (the runner hands them back), ones already used are not used again.
-                fresh = (t < end_ms) & (t > self.last_counter_ms.get(sid, -1))
-                t, v = t[fresh], v[fresh]
-                if len(t) == 0:
-                    continue
-                v = self._increments(sid, r, t, v, frame)
-            keep = (t >= start_ms) & (t < end_ms) & ~np.isnan(v)
-            if not keep.any():
-                continue
-            row = self._row(frame, r, self._labels[sid])
-            cols = (t[keep] - start_ms) // step_ms
-            parts.setdefault((r.table, r.signal), []).append((row, cols, v[keep], r.slot))
-            frame.series.setdefault((r.table, r.key, r.signal), self._labels[sid].text)
-        self._scatter(frame, parts)
+        if len(ts) > 1 and (ts[1:] < ts[:-1]).any():  # storage order is nearly time order
+            order = np.argsort(ts, kind="stable")
+            ts, sids, vals = ts[order], sids[order], vals[order]
+        slot = self._slots(sids)
+        kind = self._cols["kind"][slot]  # -1 unread, 0 gauge, 1 counter, 2 seconds counter
+        gauge = np.flatnonzero((kind == 0) & (ts >= start_ms) & (ts < end_ms))
+        counter = np.flatnonzero(kind > 0)
+        # Each counter sample is differenced once: samples of later frames wait (the
+        # runner hands them back), ones already used are not used again.
+        ct = ts[counter]
+        counter = counter[(ct < end_ms) & (ct > self._last_ms[slot[counter]])]
+        counter = counter[_stable_order(slot[counter])]  # by series, then time
+        inc = (
+            self._increments(frame, slot[counter], ts[counter], vals[counter])
+            if len(counter)
+            else np.zeros(0)
+        )
+        in_frame = ts[counter] >= start_ms
+        pick = np.concatenate([gauge, counter[in_frame]])  # gauges stay in time order
+        values = np.concatenate([vals[gauge], inc[in_frame]]).astype(float, copy=False)
+        known = ~np.isnan(values)
+        pick, values = pick[known], values[known]
+        self._scatter(frame, slot[pick], (ts[pick] - start_ms) // step_ms, values)
         return frame
 
     def _increments(
-        self, sid: int, r: Route, t: np.ndarray, v: np.ndarray, frame: Frame
+        self, frame: Frame, slot: np.ndarray, t: np.ndarray, v: np.ndarray
     ) -> np.ndarray:
-        prev = np.r_[self.last_counter.get(sid, np.nan), v[:-1]]
+        """Counter samples (grouped by series, in time order) as increments per sample."""
+        first = np.empty(len(slot), bool)
+        first[0], first[1:] = True, slot[1:] != slot[:-1]
+        last = np.empty(len(slot), bool)
+        last[-1], last[:-1] = True, first[1:]
+        prev = np.empty(len(v))
+        prev[1:] = v[:-1]
+        prev[first] = self._last[slot[first]]
         delta, reset = counter_deltas(prev, v)
-        self.last_counter[sid] = float(v[-1])
-        self.last_counter_ms[sid] = int(t[-1])
-        if reset.any() and r.table == "gpu":
-            frame.resets[r.key] = frame.resets.get(r.key, 0) + int(reset.sum())
-        if r.signal == "fabric_errors":
-            link = self._labels[sid].label("link") or "all"
-            total = float(np.nansum(delta[t >= frame.start_ms]))
-            if total > 0:
-                errs = frame.link_errors.setdefault(r.key, {})
-                errs[link] = errs.get(link, 0.0) + total
-        if r.how == "frac":  # seconds of throttling per step -> fraction of the step
-            dt = np.diff(np.r_[t[0] - frame.step_ms, t]) / 1000.0
-            delta = np.clip(delta / np.fmax(dt, 1e-3), 0.0, 1.0)
+        self._last[slot[last]] = v[last]
+        self._last_ms[slot[last]] = t[last]
+        gpus = self._entities[TABLES.index("gpu")]
+        for s in slot[reset].tolist():  # rare: a handful of series at most
+            if self._table[s] == 0:
+                key = gpus.keys[self._entity[s]]
+                frame.resets[key] = frame.resets.get(key, 0) + 1
+        fabric = np.flatnonzero(self._cols["fabric"][slot] & (t >= frame.start_ms))
+        for i in fabric[delta[fabric] > 0].tolist():  # NaN compares false: skipped
+            errs = frame.link_errors.setdefault(gpus.keys[self._entity[slot[i]]], {})
+            link = self._link[slot[i]]
+            errs[link] = errs.get(link, 0.0) + float(delta[i])
+        frac = np.flatnonzero(self._cols["kind"][slot] == 2)
+        if len(frac):  # seconds of throttling per step -> fraction of the step
+            dt = np.where(first[frac], frame.step_ms, t[frac] - t[frac - 1]) / 1000.0
+            delta[frac] = np.clip(delta[frac] / np.fmax(dt, 1e-3), 0.0, 1.0)
         return delta
 
-    @staticmethod
-    def _row(frame: Frame, r: Route, key: SeriesKey) -> int:
-        labels = dict(key.labels)
-        if r.table == "gpu":
-            return frame.gpus.add(r.key, {k: labels[k] for k in GPU_LABELS if k in labels})
-        if r.table == "wl":
-            return frame.workloads.add(
-                r.key, {k: labels[k] for k in WORKLOAD_LABELS if k in labels}
-            )
-        return frame.targets.add(r.key, {k: labels[k] for k in TARGET_LABELS if k in labels})
-
-    @staticmethod
     def _scatter(
-        frame: Frame, parts: dict[tuple[str, str], list[tuple[int, np.ndarray, np.ndarray, int]]]
+        self, frame: Frame, slot: np.ndarray, cols: np.ndarray, values: np.ndarray
     ) -> None:
-        sizes = {"gpu": len(frame.gpus), "wl": len(frame.workloads), "tgt": len(frame.targets)}
-        out = {"gpu": frame.gpu, "wl": frame.wl, "tgt": frame.tgt}
-        frame.stacks = np.full((sizes["gpu"], MAX_STACKS, frame.steps), np.nan)
-        for (table, signal), items in parts.items():
-            rows = np.concatenate([np.full(len(c), row) for row, c, _, _ in items])
-            cols = np.concatenate([c for _, c, _, _ in items])
-            values = np.concatenate([v for _, _, v, _ in items])
-            if signal == "stack":
-                slots = np.concatenate([np.full(len(c), s) for _, c, _, s in items])
-                frame.stacks[rows, slots, cols] = values
+        """Lay samples (in time order) on the grid, one signal at a time.
+
+        Rows are the frame's entities in the order the builder first met them, so a GPU
+        keeps its row from frame to frame while the fleet does not change.
+        """
+        present = np.flatnonzero(np.bincount(slot, minlength=len(self._table)))
+        codes = self._cols["group"][slot]
+        order = np.argsort(codes, kind="stable")  # by table and signal, still in time order
+        slot, cols, values = slot[order], cols[order], values[order]
+        bounds = np.r_[0, np.cumsum(np.bincount(codes))]
+        rows = np.zeros(len(self._table), np.int64)  # each slot's row in this frame
+        tables = (frame.gpus, frame.workloads, frame.targets)
+        for table, ents in enumerate(tables):
+            mine = present[self._cols["_table"][present] == table]
+            rows[mine] = self._frame_rows(table, ents, self._cols["_entity"][mine])
+            self._note_series(frame, table, mine, rows[mine])
+        frame.stacks = np.full((len(frame.gpus), MAX_STACKS, frame.steps), np.nan)
+        out = (frame.gpu, frame.wl, frame.tgt)
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            if a == b:
                 continue
-            how = _HOW[signal]
-            shape = (sizes[table], frame.steps)
-            if how == "last":
-                arr = np.full(shape, np.nan)
-                arr[rows, cols] = values
-            elif how == "max":
-                arr = np.full(shape, -np.inf)
-                np.maximum.at(arr, (rows, cols), values)
-                arr[np.isinf(arr)] = np.nan
-            else:  # mean, or sum of increments
-                total = np.zeros(shape)
-                count = np.zeros(shape)
-                np.add.at(total, (rows, cols), values)
-                np.add.at(count, (rows, cols), 1.0)
-                with np.errstate(invalid="ignore"):
-                    arr = total / count if how == "mean" else np.where(count > 0, total, np.nan)
-            out[table][signal] = arr
+            s, c, v = slot[a:b], cols[a:b], values[a:b]
+            table, signal = int(self._cols["_table"][s[0]]), SIGNALS[self._signal[s[0]]]
+            if signal == "stack":
+                frame.stacks[rows[s], self._cols["_stack"][s], c] = v
+            else:
+                shape = (len(tables[table]), frame.steps)
+                out[table][signal] = _reduce(_HOW[signal], shape, rows[s], c, v)
+
+    def _frame_rows(self, table: int, ents: Entities, entity: np.ndarray) -> np.ndarray:
+        seen = np.unique(entity)
+        known = self._entities[table]
+        ents.keys = [known.keys[e] for e in seen.tolist()]
+        ents.labels = [known.labels[e] for e in seen.tolist()]  # shared: detectors only read
+        ents.index = {k: i for i, k in enumerate(ents.keys)}
+        return np.searchsorted(seen, entity)
+
+    def _note_series(self, frame: Frame, table: int, slots: np.ndarray, rows: np.ndarray) -> None:
+        """The first series behind each (entity, signal), for evidence, as a matrix."""
+        n = len((frame.gpus, frame.workloads, frame.targets)[table])
+        none = np.iinfo(np.int64).max
+        matrix = np.full((n, len(SIGNALS)), none, np.int64)
+        np.minimum.at(matrix, (rows, self._cols["_signal"][slots]), slots)
+        matrix[matrix == none] = -1
+        assert isinstance(frame.series, SeriesIndex)
+        frame.series._slots[TABLES[table]] = matrix
+
+
+def _stable_order(keys: np.ndarray) -> np.ndarray:
+    """A stable argsort of small non-negative ints, as radix sorts on 16-bit digits."""
+    order = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+    high = keys >> 16
+    if len(high) and high.max() > 0:
+        order = order[np.argsort(high[order].astype(np.uint16), kind="stable")]
+    return order
+
+
+def _reduce(how: str, shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray,
+            values: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Samples falling in the same cell: the last, the largest, the mean or the sum."""
+    if how == "last":
+        arr = np.full(shape, np.nan)
+        arr[rows, cols] = values
+        return arr
+    if how == "max":
+        arr = np.full(shape, -np.inf)
+        np.maximum.at(arr, (rows, cols), values)
+        arr[np.isinf(arr)] = np.nan
+        return arr
+    flat = rows * shape[1] + cols
+    size = shape[0] * shape[1]
+    total = np.bincount(flat, weights=values, minlength=size).reshape(shape)
+    count = np.bincount(flat, minlength=size).reshape(shape)
+    with np.errstate(invalid="ignore"):
+        return total / count if how == "mean" else np.where(count > 0, total, np.nan)
 
 
 _HOW: dict[str, str] = {
@@ -372,3 +520,7 @@ WATCHED_METRICS: tuple[str, ...] = (
     "hbmwatch_target_up",
     "hbmwatch_scrape_dropped_total",
 )
+
+#: Every signal a frame can carry, in a fixed order (the builder's signal codes).
+SIGNALS: tuple[str, ...] = (*_HOW, "stack")
+SIGNAL_CODE: dict[str, int] = {signal: i for i, signal in enumerate(SIGNALS)}

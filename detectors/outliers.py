@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from sklearn.ensemble import IsolationForest
 
-from detectors.base import EntityTable, Episode, Hysteresis, make_finding, quiet_nan
+from detectors.base import EntityTable, Episode, Hysteresis, make_finding, nanmedian, quiet_nan
 from detectors.frame import Frame
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
 from hbmwatch.taxonomy import Cause, FindingKind
@@ -280,13 +280,13 @@ class FleetOutliers:
         load = _fill(raw[:, 4:6])
         near = _nearest(load, max(self.neighbours, math.ceil(0.05 * len(keys))))
         with np.errstate(all="ignore"):
-            clock = raw[:, 3] / quiet_nan(np.nanmedian, raw[:, 3]) - 1.0  # a fraction
+            clock = raw[:, 3] / nanmedian(raw[:, 3]) - 1.0  # a fraction
         ys = (raw[:, 0], raw[:, 1], raw[:, 2], clock)
         resid = np.stack([_peer_residual(y, load, near) for y in ys], axis=1)
         values = np.concatenate([raw, resid], axis=1)
         usable = ~np.isnan(values).all(axis=0)
-        medians = quiet_nan(np.nanmedian, values, axis=0)
-        scale = 1.4826 * quiet_nan(np.nanmedian, np.abs(values - medians), axis=0)
+        medians = nanmedian(values, axis=0)
+        scale = 1.4826 * nanmedian(np.abs(values - medians), axis=0)
         floor = MIN_SCALE.copy()
         floor[3] = MIN_SCALE_CLOCK_FRACTION * abs(float(np.nan_to_num(medians[3], nan=1.0)))
         z = (values - medians) / np.fmax(np.nan_to_num(scale), floor)
@@ -415,7 +415,7 @@ def _raw_signals(frame: Frame) -> np.ndarray:
 
 def _fill(values: np.ndarray) -> np.ndarray:
     """Missing values take their column's median (0 where a whole column is missing)."""
-    med = np.nan_to_num(quiet_nan(np.nanmedian, values, axis=0))
+    med = np.nan_to_num(nanmedian(values, axis=0))
     return np.where(np.isnan(values), med[None, :], values)
 
 
@@ -444,20 +444,20 @@ def _peer_residual(y: np.ndarray, load: np.ndarray, nearest: np.ndarray) -> np.n
     if np.isnan(y).all():
         return np.full(len(y), np.nan)
     r = _robust_line_residual(y, load)
-    return r - quiet_nan(np.nanmedian, r[nearest], axis=1)
+    return r - nanmedian(r[nearest], axis=1)
 
 
 def _robust_line_residual(y: np.ndarray, load: np.ndarray, rounds: int = 3) -> np.ndarray:
     """Residual of a least-squares line on ``load`` refit without points past 3 MADs."""
     X = np.column_stack([np.ones(len(y)), load])
     keep = ~np.isnan(y)
-    r = y - quiet_nan(np.nanmedian, y)
+    r = y - nanmedian(y)
     for _ in range(rounds):
         if keep.sum() < X.shape[1] + 3:
             break
         beta = np.linalg.lstsq(X[keep], y[keep], rcond=None)[0]
         r = y - X @ beta
-        mad = 1.4826 * float(quiet_nan(np.nanmedian, np.abs(r[keep])))
+        mad = 1.4826 * float(nanmedian(np.abs(r[keep])))
         keep = ~np.isnan(y) & (np.abs(r) <= 3.0 * max(mad, 1e-9))
     return r
 

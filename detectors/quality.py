@@ -15,8 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import EntityTable, Episode, Hysteresis, latest, make_finding, quiet_nan
-from detectors.devices import SparseGate
+from detectors.base import (
+    EntityTable,
+    Episode,
+    Hysteresis,
+    SparseGate,
+    latest,
+    make_finding,
+    quiet_nan,
+)
 from detectors.frame import MAX_STACKS, Frame
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
 from hbmwatch.taxonomy import Cause, FindingKind

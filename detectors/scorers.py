@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import EntityTable, quiet_nan
+from detectors.base import EntityTable, nanmedian
 
 LN2 = np.log(2.0)
 
@@ -265,8 +265,7 @@ def group_median(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np
         block = values[members]
         ok = ~np.isnan(block)
         if ok.any():
-            with np.errstate(all="ignore"):
-                med[members] = quiet_nan(np.nanmedian, block, axis=0)
+            med[members] = nanmedian(block, axis=0)
         count[members] = int(ok.reshape(len(block), -1).any(axis=1).sum())
     return med, count
 

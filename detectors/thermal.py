@@ -26,7 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import EntityTable, Episode, Hysteresis, latest, make_finding, quiet_nan
+from detectors.base import (
+    EntityTable,
+    Episode,
+    Hysteresis,
+    latest,
+    make_finding,
+    nanmedian,
+    quiet_nan,
+)
 from detectors.frame import MAX_STACKS, Frame
 from detectors.scorers import TrendBaseline, decay, group_median
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
@@ -227,7 +235,7 @@ class ThermalExcursions:
                 ]
             )
             score = np.nanmax(np.nan_to_num(parts, nan=-np.inf).max(axis=0), axis=1)
-            gpu_rise = quiet_nan(np.nanmedian, rise, axis=1)
+            gpu_rise = nanmedian(rise, axis=1)
         score = np.where(np.isinf(score), np.nan, score)
         return score, gpu_rise
 
@@ -513,7 +521,7 @@ def _gaps(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
         med, count = group_median(x[:, col], groups)
         out[:, col] = np.where(count >= 3, x[:, col] - med, np.nan)
     stacks = x[:, 2:]
-    sib = quiet_nan(np.nanmedian, stacks, axis=1)
+    sib = nanmedian(stacks, axis=1)
     have = (~np.isnan(stacks)).sum(axis=1) >= 3
     out[:, 2:] = np.where(have[:, None], stacks - sib[:, None], np.nan)
     return out

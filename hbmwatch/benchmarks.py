@@ -596,6 +596,7 @@ def bench_detect(*, gpus: int, minutes: int, workdir: Path | None = None) -> dic
             "workloads": c.workloads,
             "opened": len(c.opened),
             "detectors": c.detector_seconds,
+            "stages": c.stage_seconds,
         }
         for c in result.cycles_detail
         if c.gpus

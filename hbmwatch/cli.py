@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from hbmwatch import log
+from hbmwatch import cli_alerts, log
 from hbmwatch.settings import Settings, load_settings
 from hbmwatch.validation import HbmwatchError
 
@@ -27,6 +27,7 @@ bench_app = typer.Typer(help="Benchmarks: figures for docs/benchmarks.md.", no_a
 docs_app = typer.Typer(help="Generate documentation from the code.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.add_typer(docs_app, name="docs")
+app.add_typer(cli_alerts.silence_app, name="silence")
 
 console = Console(stderr=True)
 ConfigOption = Annotated[
@@ -445,6 +446,49 @@ def bench_detect(
         f"{report['first_cycle_seconds']:.3f} s)"
     )
     benchmarks.write_json(report, json_out)
+
+
+@app.command()
+def incidents(
+    config: ConfigOption = None,
+    all_: cli_alerts.AllOption = False,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON on stdout.")] = False,
+    limit: Annotated[int, typer.Option(min=1, max=5000)] = 200,
+) -> None:
+    """List incidents, newest first (open ones unless --all)."""
+    cli_alerts.list_incidents(_settings(config), all_=all_, as_json=as_json, limit=limit)
+
+
+@cli_alerts.silence_app.command("add")
+def silence_add(
+    matchers: Annotated[list[str], typer.Argument(help='Label matchers: host=n1 rack=~"r[0-3]"')],
+    duration: Annotated[str, typer.Option("--for", help="How long: 90m, 2h, 3600.")] = "2h",
+    by: Annotated[str, typer.Option("--by", help="Who silences.")] = "cli",
+    comment: Annotated[str, typer.Option(help="Why.")] = "",
+    config: ConfigOption = None,
+) -> None:
+    """Silence alerts matching every matcher; prints the silence id."""
+    cli_alerts.add_silence(_settings(config), matchers, duration=duration, by=by, comment=comment)
+
+
+@cli_alerts.silence_app.command("list")
+def silence_list(config: ConfigOption = None, all_: cli_alerts.AllOption = False) -> None:
+    """Active silences (every stored one with --all)."""
+    cli_alerts.list_silences(_settings(config), all_=all_)
+
+
+@cli_alerts.silence_app.command("expire")
+def silence_expire(silence_id: str, config: ConfigOption = None) -> None:
+    """End a silence now."""
+    cli_alerts.expire_silence(_settings(config), silence_id)
+
+
+@app.command()
+def rules(
+    out: Annotated[Path, typer.Option(help="Directory to write them to.")] = Path("."),
+) -> None:
+    """Write a Prometheus rules file over hbmwatch's /metrics, and its promtool tests."""
+    cli_alerts.write_rules(out)
 
 
 @docs_app.command("metrics")

@@ -37,9 +37,13 @@ class CycleReport:
     workloads: int = 0
     opened: list[Finding] = field(default_factory=list)
     closed: list[Finding] = field(default_factory=list)
+    #: Every finding stated this cycle (latest statement of each), for alerting.
+    findings: list[Finding] = field(default_factory=list)
     updated: int = 0
     seconds: float = 0.0
     detector_seconds: dict[str, float] = field(default_factory=dict)
+    #: Where the cycle's time went: read, build (the frame), detect, record.
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class DetectionRunner:
@@ -101,6 +105,7 @@ class DetectionRunner:
             since = max(since, self.frame_end_ms - self.settle_ms)
         self.cursor, block = self.store.read_new(self.cursor, since)
         block = SampleBlock.concat([self.pending, block])
+        t_read = time.perf_counter()
         end = (now - self.settle_ms) // self.step_ms * self.step_ms
         report = CycleReport(samples=len(block))
         if len(block) == 0 or end <= (self.frame_end_ms or 0):
@@ -114,6 +119,7 @@ class DetectionRunner:
             block.series_ids[later], block.timestamps_ms[later], block.values[later]
         )
         frame = self.builder.build(block, start, end, self.step_ms)
+        t_build = time.perf_counter()
         frame.context = self.context
         self.last_frame = frame
         frame.open_findings = list(self.open.values())
@@ -126,6 +132,7 @@ class DetectionRunner:
             frame.open_findings = self._merge(frame.open_findings, out)
         if self.context is not None:
             self.context.append(frame)
+        t_detect = time.perf_counter()
         self._record(findings, report)
         self.frame_end_ms = end
         if end - self._saved_ms >= self.state_every_ms:
@@ -134,6 +141,10 @@ class DetectionRunner:
         report.start_ms, report.end_ms, report.late = start, end, frame.late
         report.gpus, report.workloads = len(frame.gpus), len(frame.workloads)
         report.seconds = time.perf_counter() - started
+        report.stage_seconds = {
+            "read": t_read - started, "build": t_build - t_read, "detect": t_detect - t_build,
+            "record": started + report.seconds - t_detect,
+        }  # fmt: skip
         return report
 
     def _keep_causes(self, f: Finding) -> Finding:
@@ -159,6 +170,7 @@ class DetectionRunner:
 
     def _record(self, findings: list[Finding], report: CycleReport) -> None:
         latest = {f.id: self._keep_causes(f) for f in findings}
+        report.findings = list(latest.values())
         for f in latest.values():
             if f.id not in self.open and f.open:
                 report.opened.append(f)

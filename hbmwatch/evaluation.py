@@ -16,7 +16,7 @@ import asyncio
 import datetime as dt
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -67,8 +67,13 @@ async def run_scenario(
     workload_scrape_s: float = 5.0,
     workdir: Path | None = None,
     progress: Callable[[float, float], None] | None = None,
+    on_cycle: Callable[[Store, CycleReport], Awaitable[None]] | None = None,
+    start_unix: float | None = None,
 ) -> RunResult:
+    """One scenario through the real path; ``on_cycle`` sees each detection cycle's report
+    (alerting and delivery hook in there), ``start_unix`` moves the simulated clock."""
     start = scenario.start.timestamp() if scenario.start else EVAL_START.timestamp()
+    start = start if start_unix is None else start_unix
     sim = Simulation(scenario, seed=seed, start_unix=start)
     end_t = min(scenario.duration, duration_s) if duration_s else scenario.duration
     clock = lambda: sim.now_unix  # noqa: E731 - the simulated clock drives everything
@@ -113,6 +118,8 @@ async def run_scenario(
                     timings["store"] += d - c
                     if sim.t + 1e-9 >= next_detect:
                         reports.append(runner.cycle(int(sim.now_unix * 1000)))
+                        if on_cycle is not None:
+                            await on_cycle(store, reports[-1])
                         next_detect += detect_every_s
                         timings["detect"] += time.perf_counter() - d
                     if int(sim.t) % 60 == 0:
@@ -121,7 +128,9 @@ async def run_scenario(
                         timings["compact"] += time.perf_counter() - e
                     if progress is not None and int(sim.t) % 60 == 0:
                         progress(sim.t, end_t)
-            runner.cycle(int(sim.now_unix * 1000) + runner.settle_ms)
+            final = runner.cycle(int(sim.now_unix * 1000) + runner.settle_ms)
+            if on_cycle is not None:
+                await on_cycle(store, final)
             findings = store.findings.query(limit=100_000)
         finally:
             await server.close()

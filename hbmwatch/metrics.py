@@ -4,6 +4,10 @@ Collectors map vendor spellings into these names; the store accepts nothing else
 ``docs/metrics.md``, the dashboards and the simulator are generated from or tested against
 this table.  Units are SI with Prometheus suffixes; counters stay counters (AMD's
 gauge-typed accumulators become counters here).
+
+``EXPORTED`` is a second, separate table: what hbmwatch's own ``/metrics`` serves (its
+health and derived signals for Grafana and Prometheus alerting).  Those are never stored,
+so they stay out of ``METRICS`` and the store keeps rejecting them.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from hbmwatch.records import Severity
+from hbmwatch.taxonomy import FindingKind
 from hbmwatch.validation import check_label_name, check_metric_name
 
 
@@ -26,6 +32,8 @@ class Scope(StrEnum):
     DEVICE = "device"
     WORKLOAD = "workload"
     COLLECTOR = "collector"
+    #: Exported by hbmwatch's /metrics, not stored; carries no identity labels of its own.
+    EXPORT = "export"
 
 
 #: Identity of a physical GPU or one of its logical partitions.
@@ -52,11 +60,13 @@ SCOPE_LABELS: dict[Scope, tuple[str, ...]] = {
     Scope.DEVICE: DEVICE_LABELS,
     Scope.WORKLOAD: WORKLOAD_PLACEMENT_LABELS + WORKLOAD_LABELS,
     Scope.COLLECTOR: COLLECTOR_LABELS,
+    Scope.EXPORT: (),
 }
 SCOPE_REQUIRED: dict[Scope, tuple[str, ...]] = {
     Scope.DEVICE: ("host", "gpu"),
     Scope.WORKLOAD: ("service", "phase"),
     Scope.COLLECTOR: ("target",),
+    Scope.EXPORT: (),
 }
 
 THROTTLE_REASONS: tuple[str, ...] = (
@@ -322,6 +332,105 @@ for _m in _DEFINITIONS:
     METRICS[_m.name] = _m
 
 
+#: Label values of the exported metrics, taken from the enums they report so one spelling wins.
+THERMAL_SENSORS: tuple[str, ...] = ("memory", "hotspot")
+FINDING_KINDS: tuple[str, ...] = tuple(k.value for k in FindingKind)
+SEVERITIES: tuple[str, ...] = tuple(s.value for s in Severity)
+ALERT_STATES: tuple[str, ...] = ("pending", "firing")
+INCIDENT_STATES: tuple[str, ...] = ("open", "acknowledged")
+BOOLEAN_VALUES: tuple[str, ...] = ("true", "false")
+NOTIFICATION_OUTCOMES: tuple[str, ...] = ("sent", "failed", "rate_limited")
+EXPORT_PREFIX = "hbmwatch_"
+
+_EXPORT_DEVICE = ("cluster", "rack", "host", "gpu")
+
+_EXPORTED_DEFINITIONS: tuple[MetricDef, ...] = (
+    # -- derived signals --------------------------------------------------------------------
+    _g(
+        "hbmwatch_gpu_thermal_margin_celsius",
+        "celsius",
+        "Headroom of the sensor below its SKU's limit; negative = past it.",
+        scope=Scope.EXPORT,
+        labels=(*_EXPORT_DEVICE, "sku", "sensor"),
+        label_values={"sensor": THERMAL_SENSORS},
+    ),
+    _g(
+        "hbmwatch_gpu_anomaly_score",
+        "score",
+        "The detector's latest score for the GPU; 1.0 = at its threshold.",
+        scope=Scope.EXPORT,
+        labels=(*_EXPORT_DEVICE, "detector"),
+    ),
+    _g(
+        "hbmwatch_workload_latency_p99_seconds",
+        "seconds",
+        "Latest p99 latency per workload.",
+        scope=Scope.EXPORT,
+        labels=("cluster", "service", "model", "phase"),
+        label_values={"phase": PHASES},
+    ),
+    # -- findings, alerts, incidents --------------------------------------------------------
+    _g(
+        "hbmwatch_findings_open",
+        "findings",
+        "Open findings by kind and severity.",
+        scope=Scope.EXPORT,
+        labels=("kind", "severity"),
+        label_values={"kind": FINDING_KINDS, "severity": SEVERITIES},
+    ),
+    _g(
+        "hbmwatch_alerts",
+        "alerts",
+        "hbmwatch's own alerts by name, state and severity; muted = silenced or inhibited.",
+        scope=Scope.EXPORT,
+        labels=("alertname", "state", "severity", "muted"),
+        label_values={"state": ALERT_STATES, "severity": SEVERITIES, "muted": BOOLEAN_VALUES},
+    ),
+    _g(
+        "hbmwatch_incidents_open",
+        "incidents",
+        "Incidents not yet resolved, by severity, kind and state.",
+        scope=Scope.EXPORT,
+        labels=("severity", "kind", "state"),
+        label_values={"severity": SEVERITIES, "kind": FINDING_KINDS, "state": INCIDENT_STATES},
+    ),
+    _c(
+        "hbmwatch_alert_notifications_total",
+        "notifications",
+        "Alert notifications attempted, by receiver and outcome.",
+        scope=Scope.EXPORT,
+        labels=("receiver", "outcome"),
+        label_values={"outcome": NOTIFICATION_OUTCOMES},
+    ),
+    # -- detection health -------------------------------------------------------------------
+    _g(
+        "hbmwatch_detection_lag_seconds",
+        "seconds",
+        "How far the last detection cycle's frame end trails now; growth = detection behind.",
+        scope=Scope.EXPORT,
+    ),
+    _g(
+        "hbmwatch_detection_cycle_seconds",
+        "seconds",
+        "Wall time of the last detection cycle.",
+        scope=Scope.EXPORT,
+    ),
+)
+
+EXPORTED: dict[str, MetricDef] = {}
+for _m in _EXPORTED_DEFINITIONS:
+    check_metric_name(_m.name)
+    for _label in _m.labels:
+        check_label_name(_label)
+    if _m.is_counter != _m.name.endswith("_total"):
+        raise AssertionError(f"{_m.name}: counters and only counters end in _total")
+    if not _m.name.startswith(EXPORT_PREFIX) or _m.scope is not Scope.EXPORT:
+        raise AssertionError(f"{_m.name}: exported metrics start with {EXPORT_PREFIX}")
+    if _m.name in METRICS or _m.name in EXPORTED:
+        raise AssertionError(f"{_m.name}: defined twice")
+    EXPORTED[_m.name] = _m
+
+
 def get(name: str) -> MetricDef | None:
     return METRICS.get(name)
 
@@ -346,8 +455,8 @@ def render_markdown() -> str:
     ]
     for scope in Scope:
         lines.append(
-            f"| {scope.value} | {', '.join(f'`{x}`' for x in SCOPE_LABELS[scope])} | "
-            f"{', '.join(f'`{x}`' for x in SCOPE_REQUIRED[scope])} |"
+            f"| {scope.value} | {', '.join(f'`{x}`' for x in SCOPE_LABELS[scope]) or '-'} | "
+            f"{', '.join(f'`{x}`' for x in SCOPE_REQUIRED[scope]) or '-'} |"
         )
     lines += [
         "",
@@ -356,16 +465,19 @@ def render_markdown() -> str:
         "| name | type | unit | scope | labels | help |",
         "|---|---|---|---|---|---|",
     ]
-    for m in METRICS.values():
-        labels = []
-        for label in m.labels:
-            values = m.label_values.get(label)
-            labels.append(f"`{label}`" + (f" ({', '.join(values)})" if values else ""))
-        extra = f" Wraps at 2^{' or 2^'.join(map(str, m.wrap_bits))}." if m.wrap_bits else ""
-        lines.append(
-            f"| `{m.name}` | {m.type.value} | {m.unit} | {m.scope.value} | "
-            f"{', '.join(labels) or '-'} | {m.help}{extra} |"
-        )
+    lines += [_markdown_row(m) for m in METRICS.values()]
+    lines += [
+        "",
+        "## Exported by hbmwatch (/metrics)",
+        "",
+        "Served by hbmwatch's own `/metrics` for Grafana and Prometheus alerting "
+        "(`alerts/promrules.py` generates rules over them); never stored, so the store "
+        "rejects these names.",
+        "",
+        "| name | type | unit | scope | labels | help |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [_markdown_row(m) for m in EXPORTED.values()]
     enums = {
         "throttle reasons": THROTTLE_REASONS,
         "phases": PHASES,
@@ -376,3 +488,16 @@ def render_markdown() -> str:
         f"- {title}: {', '.join(f'`{v}`' for v in values)}" for title, values in enums.items()
     ]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_row(m: MetricDef) -> str:
+    """One table row; shared so both tables spell labels and wrap widths alike."""
+    labels = []
+    for label in m.labels:
+        values = m.label_values.get(label)
+        labels.append(f"`{label}`" + (f" ({', '.join(values)})" if values else ""))
+    extra = f" Wraps at 2^{' or 2^'.join(map(str, m.wrap_bits))}." if m.wrap_bits else ""
+    return (
+        f"| `{m.name}` | {m.type.value} | {m.unit} | {m.scope.value} | "
+        f"{', '.join(labels) or '-'} | {m.help}{extra} |"
+    )

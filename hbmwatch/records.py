@@ -239,3 +239,122 @@ def finding_from_dict(d: dict[str, Any]) -> Finding:
         evidence=tuple(Evidence(**e) for e in d.get("evidence", ())),
         causes=causes,
     )
+
+
+# -- alerts and incidents -------------------------------------------------------------------
+
+
+class AlertState(StrEnum):
+    PENDING = "pending"  # the finding is open but younger than its kind's hold
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+class IncidentState(StrEnum):
+    OPEN = "open"
+    ACKNOWLEDGED = "acknowledged"
+    RESOLVED = "resolved"
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    """A label matcher as Alertmanager spells it: ``=``, ``!=``, ``=~`` or ``!~``."""
+
+    name: str
+    value: str
+    op: str = "="
+
+
+@dataclass(frozen=True, slots=True)
+class Silence:
+    """Alerts whose labels match every matcher are not delivered from start to end."""
+
+    id: str
+    matchers: tuple[Matcher, ...]
+    starts_ms: int
+    ends_ms: int
+    created_by: str
+    comment: str
+    created_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alerting condition, from one finding fingerprint; a state, not an event.
+
+    ``fingerprint`` is a hash of the labels it was raised with (``labels`` less the
+    ``incident`` label it gains when it joins one), so stable across restarts; ``id`` adds
+    the start, so an alert that resolves and comes back later is a new alert with the same
+    fingerprint.  ``silenced_by`` (silence ids) and ``inhibited_by`` (alert fingerprints)
+    say why it is not delivered.
+    """
+
+    id: str
+    fingerprint: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    state: AlertState
+    severity: Severity
+    finding_id: str
+    started_ms: int
+    updated_ms: int
+    firing_ms: int | None = None
+    resolved_ms: int | None = None
+    incident_id: str | None = None
+    silenced_by: tuple[str, ...] = ()
+    inhibited_by: tuple[str, ...] = ()
+    flaps: int = 0  # times its finding ended and came back while the alert kept firing
+    source: str = ""  # the finding fingerprint it follows
+    ending_ms: int | None = None  # the finding ended: resolves after the keep-firing hold
+
+    @property
+    def muted(self) -> bool:
+        return bool(self.silenced_by or self.inhibited_by)
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentEvent:
+    """One line of an incident's timeline."""
+
+    at_ms: int
+    kind: str  # opened | alert_added | alert_resolved | severity | acknowledged | resolved
+    text: str
+    alert: str | None = None  # an alert fingerprint
+    actor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """Alerts grouped by place (rack, else host, else service) and time: one page."""
+
+    id: str
+    title: str
+    scope: Mapping[str, str]
+    state: IncidentState
+    severity: Severity
+    opened_ms: int
+    updated_ms: int
+    resolved_ms: int | None = None
+    acknowledged_by: str | None = None
+    acknowledged_ms: int | None = None
+    alerts: tuple[str, ...] = ()  # alert ids, in the order they joined
+    causes: tuple[RankedCause, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+    timeline: tuple[IncidentEvent, ...] = ()
+
+    @property
+    def open(self) -> bool:
+        return self.state is not IncidentState.RESOLVED
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Where one alert stands with one receiver: what it last accepted, and what is owed."""
+
+    receiver: str
+    alert_id: str
+    sent_state: str = ""  # "" (never), "firing" or "resolved": what the receiver last took
+    sent_ms: int | None = None
+    attempts: int = 0  # failed attempts since the last success
+    next_attempt_ms: int = 0
+    last_error: str = ""

@@ -11,12 +11,14 @@ import asyncio
 import contextlib
 import gc
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from alerts.delivery import Dispatcher
 from api.main import create_app
 from collector.engine import BatchingSink, ScrapeEngine
 from collector.spool import Spool
@@ -26,6 +28,7 @@ from collector.writer import SpoolingWriter
 from detectors import default_detectors
 from detectors.context import Context
 from hbmwatch import log
+from hbmwatch.alerting import Alerting
 from hbmwatch.detection import DetectionRunner
 from hbmwatch.settings import DetectionSettings, Settings
 from hbmwatch.validation import ConfigError
@@ -203,8 +206,15 @@ async def run(settings: Settings) -> None:
             if sim_server is not None:
                 group.create_task(sim_server.run(stop))
             group.create_task(collector.run(stop))
+            alerting = None
+            if settings.alerts.enabled:
+                alerting = Alerting(store, settings.alerts)
+                await asyncio.to_thread(alerting.start)
+                app.state.alerting = alerting
+                if settings.alerts.receivers:
+                    group.create_task(deliver(store, settings, stop))
             if settings.detection.enabled:
-                group.create_task(detect(store, settings.detection, stop))
+                group.create_task(detect(store, settings.detection, stop, alerting))
             await server.serve()
             stop.set()
     finally:
@@ -213,8 +223,25 @@ async def run(settings: Settings) -> None:
         store.close()
 
 
-async def detect(store: Store, settings: DetectionSettings, stop: asyncio.Event) -> None:
-    """Run the detectors every ``interval_seconds`` over the samples written since the last."""
+async def deliver(store: Store, settings: Settings, stop: asyncio.Event) -> None:
+    """Send alerts to the configured receivers until told to stop."""
+    dispatcher = Dispatcher(store.alerts, settings.alerts, clock=time.time)
+    logger.info("alert delivery starting",
+                receivers=[f"{r.kind}:{r.name}" for r in settings.alerts.receivers])  # fmt: skip
+    try:
+        await dispatcher.run(stop)
+    finally:
+        await dispatcher.aclose()
+
+
+async def detect(
+    store: Store,
+    settings: DetectionSettings,
+    stop: asyncio.Event,
+    alerting: Alerting | None = None,
+) -> None:
+    """Run the detectors every ``interval_seconds`` over the samples written since the last;
+    their findings go on to alerting in the same step."""
     runner = DetectionRunner(
         store,
         default_detectors(),
@@ -228,6 +255,8 @@ async def detect(store: Store, settings: DetectionSettings, stop: asyncio.Event)
         while not stop.is_set():
             try:
                 report = await asyncio.to_thread(runner.cycle)
+                if alerting is not None:
+                    await asyncio.to_thread(alerting.process, report.findings)
                 if report.seconds > settings.interval_seconds:
                     logger.warning("detection cycle slower than its interval",
                                    seconds=round(report.seconds, 2))  # fmt: skip

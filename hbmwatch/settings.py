@@ -157,6 +157,104 @@ class DetectionSettings(BaseModel):
     )
 
 
+class ReceiverSettings(BaseModel):
+    """Where alerts go: a Prometheus Alertmanager, or a webhook taking its payload format."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    kind: Literal["alertmanager", "webhook"]
+    url: str = Field(
+        pattern=r"^https?://",
+        description="Alertmanager's base URL (http://host:9093), or the webhook's full URL.",
+    )
+    bearer_token: SecretStr | None = Field(None, description="Sent as Authorization: Bearer.")
+    timeout_seconds: float = Field(5.0, gt=0, le=120)
+    max_requests_per_minute: int = Field(
+        60, gt=0, description="Rate limit: requests to this receiver in any minute."
+    )
+    max_alerts_per_request: int = Field(500, gt=0, le=10_000)
+    mirror_silences: bool = Field(
+        True, description="Alertmanager only: create hbmwatch's silences there too."
+    )
+
+
+class InhibitRuleSettings(BaseModel):
+    """Alertmanager's inhibit rule: a firing source mutes targets sharing the ``equal`` labels."""
+
+    source_matchers: list[str] = Field(min_length=1)
+    target_matchers: list[str] = Field(min_length=1)
+    equal: list[str] = []
+
+    @field_validator("source_matchers", "target_matchers")
+    @classmethod
+    def _matchers(cls, value: list[str]) -> list[str]:
+        from alerts.matchers import parse_matcher
+
+        for text in value:
+            parse_matcher(text)  # raises ValueError naming the bad matcher
+        return value
+
+
+DEFAULT_INHIBIT_RULES = [
+    # A rack's cooling problem: its GPUs' thermal and throttle alerts are the same page.
+    InhibitRuleSettings(
+        source_matchers=["alertname=HBMRackThermalExcursion"],
+        target_matchers=["alertname=~HBMThermalExcursion|GPUThrottling"],
+        equal=["cluster", "rack"],
+    ),
+    # A target down: its host's GPU alerts come from missing data, not the GPUs.
+    InhibitRuleSettings(
+        source_matchers=["alertname=HbmwatchTargetDown"],
+        target_matchers=["scope=~gpu|workload"],
+        equal=["cluster", "host"],
+    ),
+]
+
+
+class AlertSettings(BaseModel):
+    enabled: bool = Field(True, description="Turn findings into alerts inside `hbmwatch up`.")
+    receivers: list[ReceiverSettings] = []
+    external_url: str = Field(
+        "http://127.0.0.1:8427",
+        pattern=r"^https?://",
+        description="How people reach this hbmwatch: alert links point under it.",
+    )
+    pending_seconds: float = Field(
+        0.0, ge=0, description="An alert fires once its finding has been open this long."
+    )
+    keep_firing_seconds: float = Field(
+        120.0,
+        ge=0,
+        description="Flap damping: a resolved finding keeps its alert firing this long; if it "
+        "comes back meanwhile the alert never resolved.",
+    )
+    group_seconds: float = Field(
+        900.0,
+        gt=0,
+        description="An alert joins an open incident of the same rack (else host, else "
+        "service) that was active this recently.",
+    )
+    resend_seconds: float = Field(
+        60.0, gt=0, description="Firing alerts are re-sent this often, as Prometheus does."
+    )
+    resolved_resend_seconds: float = Field(
+        900.0, ge=0, description="Resolved alerts are re-sent this long after resolving."
+    )
+    retry_seconds: float = Field(1.0, gt=0, description="First retry after a failed delivery.")
+    retry_max_seconds: float = Field(300.0, gt=0, description="Backoff doubles up to this.")
+    inhibit_rules: list[InhibitRuleSettings] = Field(
+        default_factory=lambda: [r.model_copy() for r in DEFAULT_INHIBIT_RULES]
+    )
+
+    @field_validator("receivers")
+    @classmethod
+    def _unique_names(cls, value: list[ReceiverSettings]) -> list[ReceiverSettings]:
+        names = [r.name for r in value]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"receiver names must be unique: {', '.join(dupes)}")
+        return value
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="HBMWATCH_",
@@ -170,6 +268,7 @@ class Settings(BaseSettings):
     collector: CollectorSettings = CollectorSettings()
     simulator: SimulatorSettings = SimulatorSettings()
     detection: DetectionSettings = DetectionSettings()
+    alerts: AlertSettings = AlertSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["console", "json"] = "console"
 

@@ -145,3 +145,86 @@ class FindingRow(Base):
     ended_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     evidence: Mapped[list[Any]] = mapped_column(JSON)
     causes: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class AlertRow(Base):
+    """An alert (``hbmwatch.records.Alert``), updated in place as its state changes."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (
+        Index("ix_alerts_state", "state", "updated_ms"),
+        Index("ix_alerts_incident", "incident_id"),
+        Index("ix_alerts_resolved", "resolved_ms"),
+    )
+
+    id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(40), index=True)
+    source: Mapped[str] = mapped_column(String(40))
+    state: Mapped[str] = mapped_column(String(16))
+    severity: Mapped[str] = mapped_column(String(16))
+    alertname: Mapped[str] = mapped_column(String(100))
+    labels: Mapped[dict[str, str]] = mapped_column(JSON)
+    annotations: Mapped[dict[str, str]] = mapped_column(JSON)
+    finding_id: Mapped[str] = mapped_column(String(300))
+    incident_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    started_ms: Mapped[int] = mapped_column(BigInteger)
+    updated_ms: Mapped[int] = mapped_column(BigInteger)
+    firing_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    ending_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    resolved_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    silenced_by: Mapped[list[str]] = mapped_column(JSON)
+    inhibited_by: Mapped[list[str]] = mapped_column(JSON)
+    flaps: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class IncidentRow(Base):
+    """An incident (``hbmwatch.records.Incident``) with its timeline, updated in place."""
+
+    __tablename__ = "incidents"
+    __table_args__ = (
+        Index("ix_incidents_state", "state", "updated_ms"),
+        Index("ix_incidents_opened", "opened_ms"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    title: Mapped[str] = mapped_column(Text)
+    scope: Mapped[dict[str, str]] = mapped_column(JSON)
+    rack: Mapped[str] = mapped_column(String(200), default="")
+    host: Mapped[str] = mapped_column(String(200), default="")
+    state: Mapped[str] = mapped_column(String(16))
+    severity: Mapped[str] = mapped_column(String(16))
+    opened_ms: Mapped[int] = mapped_column(BigInteger)
+    updated_ms: Mapped[int] = mapped_column(BigInteger)
+    resolved_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    acknowledged_by: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    acknowledged_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    alerts: Mapped[list[str]] = mapped_column(JSON)
+    causes: Mapped[list[Any]] = mapped_column(JSON)
+    evidence: Mapped[list[Any]] = mapped_column(JSON)
+    timeline: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class SilenceRow(Base):
+    __tablename__ = "silences"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    matchers: Mapped[list[Any]] = mapped_column(JSON)
+    starts_ms: Mapped[int] = mapped_column(BigInteger)
+    ends_ms: Mapped[int] = mapped_column(BigInteger, index=True)
+    created_by: Mapped[str] = mapped_column(String(200))
+    comment: Mapped[str] = mapped_column(Text)
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class DeliveryRow(Base):
+    """Where one alert stands with one receiver (the outbox a restart resumes from)."""
+
+    __tablename__ = "alert_deliveries"
+
+    receiver: Mapped[str] = mapped_column(String(64), primary_key=True)
+    alert_id: Mapped[str] = mapped_column(String(100), primary_key=True)
+    sent_state: Mapped[str] = mapped_column(String(16), default="")
+    sent_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_ms: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_error: Mapped[str] = mapped_column(Text, default="")

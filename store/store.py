@@ -52,6 +52,7 @@ from hbmwatch.validation import (
 from store import aggregate as agg_math
 from store import codec
 from store.aggregate import Partials
+from store.alerts import AlertBook
 from store.backend import DAY_MS, Backend, backend_for
 from store.engine import create_store_engine
 from store.feed import RecentSamples, SampleBlock
@@ -228,6 +229,7 @@ class Store:
         self._watched_metrics: frozenset[str] = frozenset()
         self.feed = RecentSamples(settings.recent_samples, self._is_watched)
         self.findings = FindingLog(engine)
+        self.alerts = AlertBook(engine, self.get_state, self.put_state)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def now_ms(self) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hbmwatch import metrics
-from hbmwatch.metrics import METRICS, MetricType, Scope
+from hbmwatch.metrics import EXPORTED, METRICS, MetricType, Scope
 from tests.conftest import REPO
 
 UNIT_SUFFIXES = {
@@ -98,3 +98,41 @@ def test_identity_labels_are_those_of_the_design() -> None:
     ):
         assert label in device
     assert {"job", "pod", "namespace", "service", "model"} <= set(metrics.WORKLOAD_LABELS)
+
+
+def test_exported_metrics_are_separate_from_the_stored_ones() -> None:
+    # The store looks names up in METRICS: an exported name there would become storable.
+    assert EXPORTED
+    assert not set(EXPORTED) & set(METRICS)
+    for m in EXPORTED.values():
+        assert m.name.startswith("hbmwatch_"), m.name
+        assert m.scope is Scope.EXPORT, m.name
+        assert (m.type is MetricType.COUNTER) == m.name.endswith("_total"), m.name
+        suffix = UNIT_SUFFIXES.get(m.unit)
+        if suffix:
+            assert m.name.removesuffix("_total").endswith(suffix), m.name
+    assert metrics.get("hbmwatch_findings_open") is None
+    assert not list(metrics.by_scope(Scope.EXPORT))
+
+
+def test_exported_metrics_cover_what_the_issue_names() -> None:
+    expected = {
+        "hbmwatch_gpu_thermal_margin_celsius": ("cluster", "rack", "host", "gpu", "sku", "sensor"),
+        "hbmwatch_gpu_anomaly_score": ("cluster", "rack", "host", "gpu", "detector"),
+        "hbmwatch_workload_latency_p99_seconds": ("cluster", "service", "model", "phase"),
+        "hbmwatch_findings_open": ("kind", "severity"),
+        "hbmwatch_alerts": ("alertname", "state", "severity", "muted"),
+        "hbmwatch_incidents_open": ("severity", "kind", "state"),
+        "hbmwatch_alert_notifications_total": ("receiver", "outcome"),
+        "hbmwatch_detection_lag_seconds": (),
+        "hbmwatch_detection_cycle_seconds": (),
+    }
+    assert {name: m.labels for name, m in EXPORTED.items()} == expected
+    assert EXPORTED["hbmwatch_alert_notifications_total"].type is MetricType.COUNTER
+    values = EXPORTED["hbmwatch_alert_notifications_total"].label_values["outcome"]
+    assert set(values) == {"sent", "failed", "rate_limited"}
+    assert set(EXPORTED["hbmwatch_gpu_thermal_margin_celsius"].label_values["sensor"]) == {
+        "memory",
+        "hotspot",
+    }
+    assert "## Exported by hbmwatch (/metrics)" in metrics.render_markdown()

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from hbmwatch.settings import Settings, StoreSettings
 from store.engine import create_store_engine
+from store.migrate import head_revision
 from store.store import SchemaOutdated, Store, open_store
 
 HBMWATCH = [sys.executable, "-m", "hbmwatch.cli"]
@@ -119,7 +120,7 @@ def test_readyz_reports_an_unreachable_store(tmp_path: Path) -> None:
         response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["status"] == "not ready"
-    assert "expected 0002" in response.json()["checks"]["schema"]
+    assert f"expected {head_revision()}" in response.json()["checks"]["schema"]
     store.close()
 
 

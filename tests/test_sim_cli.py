@@ -118,13 +118,20 @@ def test_up_without_targets_runs_the_default_scenario(tmp_path: Path) -> None:
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env=clean_env(HBMWATCH_API__PORT=str(port), HBMWATCH_SIMULATOR__BASE_PORT="0"),
+        env=clean_env(
+            HBMWATCH_API__PORT=str(port),
+            HBMWATCH_SIMULATOR__BASE_PORT="0",
+            HBMWATCH_ALERTS__RECEIVERS='[{"name": "hook", "kind": "webhook", '
+            '"url": "http://127.0.0.1:9/hook"}]',
+        ),
     )
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 60
         first_port = None
-        while first_port is None and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (
+            first_port and any("alert delivery starting" in x for x in lines)
+        ):
             line = proc.stdout.readline() if proc.stdout else ""
             lines.append(line)
             if match := re.search(r"first_port=(\d+)", line):
@@ -132,6 +139,7 @@ def test_up_without_targets_runs_the_default_scenario(tmp_path: Path) -> None:
         assert first_port, "".join(lines)
         text = "".join(lines)
         assert "running the bundled simulated fleet" in text and "scenario=default" in text
+        assert "alerting ready" in text and "receivers=['webhook:hook']" in text
         listed = httpx.get(f"http://127.0.0.1:{first_port}/targets", timeout=10).json()
         assert len({t["labels"]["host"] for t in listed}) == 9  # 72 GPUs on 9 nodes
         truth = json.loads((tmp_path / "hbmwatch-sim-truth.json").read_text())

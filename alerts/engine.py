@@ -1,0 +1,382 @@
+"""The alert lifecycle and incident grouping, as a computation over state (no I/O).
+
+``AlertEngine.apply(findings, now)`` follows each finding fingerprint with one alert:
+
+* **pending -> firing** once the finding has been open ``pending_seconds``;
+* **firing -> resolved** ``keep_firing_seconds`` after the finding ends, unless it comes
+  back meanwhile (flap damping: the alert never resolved, its ``flaps`` count goes up);
+* a finding whose severity rises resolves its alert and starts another with the new
+  labels (Alertmanager sees a different label set, so it pages anew); one whose severity
+  falls keeps its alert, so a finding hovering at a threshold is one alert, not many.
+
+Firing alerts join incidents by place: the rack when they have one, else the host, else
+the service or target; an open incident of the same place takes them (or one resolved in
+the last ``group_seconds`` reopens), so a rack losing coolant is one incident listing its
+GPUs.  Silences and inhibition rules mute alerts without changing their state.  The caller
+persists what ``apply`` reports as changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from alerts.labels import alert_labels, annotations, label_fingerprint
+from alerts.matchers import matches_all, parse_matcher
+from hbmwatch.records import (
+    Alert,
+    AlertState,
+    Finding,
+    Incident,
+    IncidentEvent,
+    IncidentState,
+    Matcher,
+    RankedCause,
+    Severity,
+    Silence,
+)
+from hbmwatch.settings import AlertSettings
+
+SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+MAX_CAUSES = 5
+MAX_EVIDENCE = 12
+
+
+@dataclass(frozen=True)
+class InhibitRule:
+    source: tuple[Matcher, ...]
+    target: tuple[Matcher, ...]
+    equal: tuple[str, ...]
+
+
+@dataclass
+class Changes:
+    """What one ``apply`` changed: ids of alerts and incidents to persist."""
+
+    alerts: set[str] = field(default_factory=set)
+    incidents: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.alerts or self.incidents)
+
+
+class AlertEngine:
+    def __init__(self, settings: AlertSettings, *, external_url: str | None = None) -> None:
+        self.pending_ms = int(settings.pending_seconds * 1000)
+        self.keep_ms = int(settings.keep_firing_seconds * 1000)
+        self.group_ms = int(settings.group_seconds * 1000)
+        self.external_url = (external_url or settings.external_url).rstrip("/")
+        self.rules = [
+            InhibitRule(
+                tuple(parse_matcher(m) for m in r.source_matchers),
+                tuple(parse_matcher(m) for m in r.target_matchers),
+                tuple(r.equal),
+            )
+            for r in settings.inhibit_rules
+        ]
+        self.alerts: dict[str, Alert] = {}  # by id: active, and resolved within group_ms
+        self.current: dict[str, str] = {}  # finding fingerprint -> its alert's id
+        self.incidents: dict[str, Incident] = {}  # open, and resolved within group_ms
+        self.silences: dict[str, Silence] = {}
+        self.findings: dict[str, Finding] = {}  # the latest statement behind each alert
+        self.changes = Changes()
+
+    # -- state in and out ---------------------------------------------------------------
+    def load(
+        self,
+        alerts: Iterable[Alert],
+        incidents: Iterable[Incident],
+        silences: Iterable[Silence],
+        findings: Iterable[Finding] = (),
+    ) -> None:
+        """Resume from persisted state (a restart keeps every alert and incident)."""
+        for a in sorted(alerts, key=lambda a: a.updated_ms):
+            self.alerts[a.id] = a
+            if a.source:
+                self.current[a.source] = a.id
+        self.incidents.update({i.id: i for i in incidents})
+        self.silences.update({s.id: s for s in silences})
+        self.findings.update({f.id: f for f in findings})
+
+    def apply(self, findings: Iterable[Finding], now_ms: int) -> Changes:
+        """Take the findings' latest statements, advance timers, mute, group."""
+        self.changes = Changes()
+        for f in {f.id: f for f in findings}.values():
+            self._follow(f, now_ms)
+        self._advance(now_ms)
+        self._mute(now_ms)
+        self._group(now_ms)
+        self._forget(now_ms)
+        return self.changes
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def _put(self, alert: Alert) -> None:
+        self.alerts[alert.id] = alert
+        self.changes.alerts.add(alert.id)
+
+    def _follow(self, f: Finding, now: int) -> None:
+        cur = self.alerts.get(self.current.get(f.fingerprint, ""))
+        labels = alert_labels(f)
+        fp = label_fingerprint(labels)
+        if cur is not None and cur.finding_id != f.id and not f.open:
+            return  # an older statement of a finding this alert no longer follows
+        self.findings[f.id] = f
+        ann = annotations(f, self._incident_url(cur.incident_id if cur else None))
+        if f.open and (cur is None or cur.state is AlertState.RESOLVED):
+            self._start(f, labels, fp, ann, now)
+        elif f.open and cur is not None and _escalates(cur, f):
+            self._resolve(cur, now, why=f"escalated to {f.severity.value}")
+            self._start(f, labels, fp, ann, now, firing=True, incident=cur.incident_id)
+        elif f.open and cur is not None:  # same alert (a lower severity does not de-escalate)
+            flapped = cur.ending_ms is not None
+            same = cur.annotations == ann and cur.finding_id == f.id and not flapped
+            if not same:  # a restatement that changes nothing is not written again
+                self._put(dataclasses.replace(
+                    cur, annotations=ann, finding_id=f.id, updated_ms=now, ending_ms=None,
+                    flaps=cur.flaps + int(flapped),
+                ))  # fmt: skip
+        elif cur is not None and cur.state is AlertState.PENDING:
+            self._resolve(cur, f.ended_ms or now, why="ended before it fired")
+        elif cur is not None and cur.state is AlertState.FIRING and cur.ending_ms is None:
+            ended = f.ended_ms if f.ended_ms is not None else now
+            self._put(dataclasses.replace(cur, annotations=ann, updated_ms=now, ending_ms=ended))
+
+    def _start(
+        self, f: Finding, labels: dict[str, str], fp: str, ann: dict[str, str], now: int,
+        *, firing: bool = False, incident: str | None = None,
+    ) -> None:  # fmt: skip
+        started = now if firing else f.started_ms
+        alert = Alert(
+            id=f"{fp}-{started}", fingerprint=fp, labels=labels, annotations=ann,
+            state=AlertState.FIRING if firing else AlertState.PENDING, severity=f.severity,
+            finding_id=f.id, started_ms=started, updated_ms=now,
+            firing_ms=now if firing else None, incident_id=incident, source=f.fingerprint,
+        )  # fmt: skip
+        self.current[f.fingerprint] = alert.id
+        self._put(alert)
+        if incident in self.incidents:
+            self._join(self.incidents[incident], alert, now)
+
+    def _resolve(self, alert: Alert, at_ms: int, *, why: str = "") -> None:
+        resolved = dataclasses.replace(
+            alert, state=AlertState.RESOLVED, resolved_ms=at_ms, updated_ms=max(at_ms, 0)
+        )
+        self._put(resolved)
+        inc = self.incidents.get(alert.incident_id or "")
+        if inc is not None:
+            text = f"{alert.labels.get('alertname')} resolved" + (f" ({why})" if why else "")
+            self._event(inc, at_ms, "alert_resolved", text, alert=alert.id)
+
+    def _advance(self, now: int) -> None:
+        for a in list(self.alerts.values()):
+            if a.state is AlertState.PENDING and now - a.started_ms >= self.pending_ms:
+                self._put(dataclasses.replace(
+                    a, state=AlertState.FIRING, firing_ms=now, updated_ms=now
+                ))  # fmt: skip
+            elif (
+                a.state is AlertState.FIRING
+                and a.ending_ms is not None
+                and now - a.ending_ms >= self.keep_ms
+            ):
+                self._resolve(a, a.ending_ms)
+
+    # -- silences and inhibition -------------------------------------------------------
+    def _mute(self, now: int) -> None:
+        live = [a for a in self.alerts.values() if a.state is not AlertState.RESOLVED]
+        active = [s for s in self.silences.values() if s.starts_ms <= now < s.ends_ms]
+        sources = [
+            (rule, [a for a in live if a.state is AlertState.FIRING
+                    and matches_all(rule.source, a.labels)])
+            for rule in self.rules
+        ]  # fmt: skip
+        for a in live:
+            silenced = tuple(sorted(s.id for s in active if matches_all(s.matchers, a.labels)))
+            inhibited = tuple(sorted({
+                s.fingerprint
+                for rule, srcs in sources if matches_all(rule.target, a.labels)
+                for s in srcs
+                if s.id != a.id and all(s.labels.get(k, "") == a.labels.get(k, "")
+                                        for k in rule.equal)
+            }))  # fmt: skip
+            if (silenced, inhibited) != (a.silenced_by, a.inhibited_by):
+                self._put(dataclasses.replace(a, silenced_by=silenced, inhibited_by=inhibited))
+
+    def add_silence(self, silence: Silence, now_ms: int) -> Changes:
+        self.changes = Changes()
+        self.silences[silence.id] = silence
+        self._mute(now_ms)
+        return self.changes
+
+    def expire_silence(self, silence_id: str, now_ms: int) -> Silence | None:
+        s = self.silences.get(silence_id)
+        if s is None:
+            return None
+        if s.ends_ms > now_ms:
+            s = self.silences[silence_id] = dataclasses.replace(s, ends_ms=now_ms)
+        self.changes = Changes()
+        self._mute(now_ms)
+        return s
+
+    # -- incidents ----------------------------------------------------------------------
+    def _group(self, now: int) -> None:
+        for a in sorted(self.alerts.values(), key=lambda a: (a.firing_ms or 0, a.id)):
+            if a.state is AlertState.FIRING and a.incident_id is None:
+                inc = self._incident_for(a, now)
+                self._join(inc, a, now)
+        for inc in list(self.incidents.values()):
+            self._settle(inc, now)
+
+    def _incident_for(self, alert: Alert, now: int) -> Incident:
+        scope = place(alert.labels)
+        for inc in sorted(self.incidents.values(), key=lambda i: -i.opened_ms):
+            if dict(inc.scope) != scope:
+                continue
+            if inc.open:
+                return inc
+            if inc.resolved_ms is not None and now - inc.resolved_ms <= self.group_ms:
+                inc = dataclasses.replace(inc, state=IncidentState.OPEN, resolved_ms=None)
+                self._event(inc, now, "reopened", f"{alert.labels.get('alertname')} fired again")
+                return self.incidents[inc.id]
+        key = ",".join(f"{k}={v}" for k, v in sorted(scope.items()))
+        inc_id = "inc-" + hashlib.sha1(f"{key}|{alert.id}".encode()).hexdigest()[:12]
+        inc = Incident(
+            id=inc_id, title="", scope=scope, state=IncidentState.OPEN,
+            severity=alert.severity, opened_ms=alert.firing_ms or now, updated_ms=now,
+        )  # fmt: skip
+        self._event(inc, alert.firing_ms or now, "opened", f"opened for {describe(scope)}")
+        return self.incidents[inc_id]
+
+    def _join(self, inc: Incident, alert: Alert, now: int) -> None:
+        ann = dict(alert.annotations, incident_url=self._incident_url(inc.id))
+        labels = dict(alert.labels, incident=inc.id)  # Alertmanager can group by it
+        alert = dataclasses.replace(alert, incident_id=inc.id, annotations=ann, labels=labels)
+        self._put(alert)
+        if alert.id not in inc.alerts:
+            inc = dataclasses.replace(inc, alerts=(*inc.alerts, alert.id))
+            what = ", ".join(
+                f"{k}={alert.labels[k]}" for k in ("host", "gpu", "service", "target")
+                if alert.labels.get(k)
+            )  # fmt: skip
+            text = f"{alert.labels.get('alertname')} {what}: {alert.annotations.get('summary')}"
+            self._event(inc, alert.firing_ms or now, "alert_added", text.strip(), alert=alert.id)
+
+    def _settle(self, inc: Incident, now: int) -> None:
+        """Severity, title, causes and evidence from its alerts; resolved when they all are."""
+        members = [self.alerts[a] for a in inc.alerts if a in self.alerts]
+        live = [a for a in members if a.state is not AlertState.RESOLVED]
+        if not members:
+            return
+        severity = max((a.severity for a in live or members), key=SEVERITY_RANK.__getitem__)
+        top = max(live or members, key=lambda a: (
+            SEVERITY_RANK[a.severity], a.labels.get("scope") == "rack", -a.started_ms
+        ))  # fmt: skip
+        more = f" (+{len(live) - 1} more firing)" if len(live) > 1 else ""
+        title = f"{describe(inc.scope)}: {top.annotations.get('summary', '')}{more}"
+        causes, evidence = self._causes(members)
+        new = dataclasses.replace(inc, severity=severity, title=title, causes=causes,
+                                  evidence=evidence)  # fmt: skip
+        if severity != inc.severity and inc.alerts:
+            self._event(new, now, "severity", f"severity {inc.severity.value} -> {severity.value}")
+            new = self.incidents[inc.id]
+        if not live and inc.state is not IncidentState.RESOLVED:
+            ended = max(a.resolved_ms or now for a in members)
+            new = dataclasses.replace(new, state=IncidentState.RESOLVED, resolved_ms=ended)
+            self._event(new, ended, "resolved", "all alerts resolved")
+            return
+        if new != inc:
+            self._store_incident(dataclasses.replace(new, updated_ms=now))
+
+    def _causes(self, members: list[Alert]) -> tuple[tuple[RankedCause, ...], tuple]:
+        """The ranked causes of its findings (best confidence per cause), and evidence."""
+        best: dict[str, RankedCause] = {}
+        evidence = []
+        ordered = sorted(members, key=lambda a: -SEVERITY_RANK[a.severity])
+        for a in ordered:
+            f = self.findings.get(a.finding_id)
+            if f is None:
+                continue
+            evidence.extend(f.evidence[:2])
+            for c in f.causes:
+                if c.cause not in best or c.confidence > best[c.cause].confidence:
+                    best[c.cause] = c
+        causes = sorted(best.values(), key=lambda c: -c.confidence)[:MAX_CAUSES]
+        return tuple(causes), tuple(evidence[:MAX_EVIDENCE])
+
+    def acknowledge(self, incident_id: str, by: str, now_ms: int, comment: str = "") -> Incident:
+        inc = self._get_incident(incident_id)
+        if inc.state is IncidentState.RESOLVED:
+            raise ValueError(f"incident {incident_id} is resolved; nothing to acknowledge")
+        self.changes = Changes()
+        inc = dataclasses.replace(inc, state=IncidentState.ACKNOWLEDGED, acknowledged_by=by,
+                                  acknowledged_ms=now_ms)  # fmt: skip
+        self._event(inc, now_ms, "acknowledged", comment or "acknowledged", actor=by)
+        return self.incidents[incident_id]
+
+    def resolve_incident(
+        self, incident_id: str, by: str, now_ms: int, comment: str = ""
+    ) -> Incident:
+        """Close the page by hand; alerts still firing stay firing (and delivered)."""
+        inc = self._get_incident(incident_id)
+        self.changes = Changes()
+        if inc.state is not IncidentState.RESOLVED:
+            inc = dataclasses.replace(inc, state=IncidentState.RESOLVED, resolved_ms=now_ms)
+            self._event(inc, now_ms, "resolved", comment or "resolved by hand", actor=by)
+        return self.incidents[incident_id]
+
+    def _get_incident(self, incident_id: str) -> Incident:
+        inc = self.incidents.get(incident_id)
+        if inc is None:
+            raise KeyError(incident_id)
+        return inc
+
+    def _event(self, inc: Incident, at_ms: int, kind: str, text: str, *,
+               alert: str | None = None, actor: str | None = None) -> None:  # fmt: skip
+        event = IncidentEvent(at_ms, kind, text, alert, actor)
+        updated = max(inc.updated_ms, at_ms)
+        self._store_incident(dataclasses.replace(
+            inc, timeline=(*inc.timeline, event), updated_ms=updated
+        ))  # fmt: skip
+
+    def _store_incident(self, inc: Incident) -> None:
+        self.incidents[inc.id] = inc
+        self.changes.incidents.add(inc.id)
+
+    def _incident_url(self, incident_id: str | None) -> str:
+        return f"{self.external_url}/incidents/{incident_id}" if incident_id else ""
+
+    def _forget(self, now: int) -> None:
+        """Drop from memory what is resolved and past the grouping window (it stays stored)."""
+        horizon = now - max(self.group_ms, self.keep_ms)
+        for a in list(self.alerts.values()):
+            if a.state is AlertState.RESOLVED and (a.resolved_ms or 0) < horizon:
+                del self.alerts[a.id]
+                if self.current.get(a.source) == a.id:
+                    del self.current[a.source]
+                self.findings.pop(a.finding_id, None)
+        for inc in list(self.incidents.values()):
+            if not inc.open and (inc.resolved_ms or 0) < horizon:
+                del self.incidents[inc.id]
+        for s in list(self.silences.values()):
+            if s.ends_ms < horizon:
+                del self.silences[s.id]
+
+
+def _escalates(alert: Alert, f: Finding) -> bool:
+    return SEVERITY_RANK[f.severity] > SEVERITY_RANK[alert.severity]
+
+
+def place(labels: Mapping[str, str]) -> dict[str, str]:
+    """Where an alert belongs: its rack, else its host, else its service or target."""
+    cluster = {"cluster": labels["cluster"]} if labels.get("cluster") else {}
+    for key in ("rack", "host", "service", "target"):
+        if labels.get(key):
+            return {**cluster, key: labels[key]}
+    return cluster or {"fleet": "all"}
+
+
+def describe(scope: Mapping[str, str]) -> str:
+    """``rack r0 (c0)``: a place in words."""
+    text = ", ".join(f"{k} {v}" for k, v in scope.items() if k != "cluster") or "fleet"
+    return f"{text} ({scope['cluster']})" if scope.get("cluster") else text
