@@ -338,6 +338,7 @@ class FrameBuilder:
             self._cols["_signal"] == SIGNAL_CODE["fabric_errors"]
         )
         self._cols["kind"] = np.where(table < 0, -1, how).astype(np.int8)
+        self._cols["counter_id"] = np.cumsum(self._cols["kind"] > 0) - 1
         # One small code per (table, signal): the scatter's radix-sort key.
         self._cols["group"] = (np.maximum(table, 0) * len(SIGNALS) + self._cols["_signal"]
                                ).astype(np.uint8)  # fmt: skip
@@ -369,7 +370,8 @@ class FrameBuilder:
         # runner hands them back), ones already used are not used again.
         ct = ts[counter]
         counter = counter[(ct < end_ms) & (ct > self._last_ms[slot[counter]])]
-        counter = counter[_stable_order(slot[counter])]  # by series, then time
+        # By series, then time: counters numbered densely sort in one 16-bit radix pass.
+        counter = counter[_stable_order(self._cols["counter_id"][slot[counter]])]
         inc = (
             self._increments(frame, slot[counter], ts[counter], vals[counter])
             if len(counter)

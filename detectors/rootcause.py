@@ -71,6 +71,9 @@ class RootCause:
     is redone every cycle for ``rank_for_s`` after a regression starts, then kept.
     """
 
+    #: Reads the findings of the detectors before it: the runner runs it after them.
+    reads_findings = True
+
     name = "rootcause"
 
     def __init__(
@@ -249,18 +252,32 @@ def _onset(
 
 
 def _lagged_corr(x: np.ndarray, y: np.ndarray, max_lag: int) -> tuple[float, int]:
-    """Best Pearson correlation of ``x`` leading ``y`` by 0..max_lag slots, and that lag."""
-    best, best_lag = 0.0, 0
+    """Best Pearson correlation of ``x`` leading ``y`` by 0..max_lag slots, and that lag.
+
+    Every lag at once, on a (lags x slots) layout padded with NaN (ranking runs it for
+    every candidate of every open regression, each cycle).  Pairs with a NaN are left out;
+    a lag needs four pairs and some variation on both sides.
+    """
     n = min(len(x), len(y))
-    for lag in range(max(0, min(max_lag, n - 3)) + 1):
-        a, b = x[: n - lag], y[lag:n]
-        ok = ~np.isnan(a) & ~np.isnan(b)
-        if ok.sum() < 4 or np.std(a[ok]) == 0 or np.std(b[ok]) == 0:
-            continue
-        r = float(np.corrcoef(a[ok], b[ok])[0, 1])
-        if r > best:
-            best, best_lag = r, lag
-    return best, best_lag
+    lags = np.arange(max(0, min(max_lag, n - 3)) + 1)
+    if n == 0:
+        return 0.0, 0
+    i = np.arange(n)
+    j = i[None, :] + lags[:, None]  # y's index for x's slot i at each lag
+    inside = j < n
+    a = np.where(inside, x[:n][None, :], np.nan)
+    b = np.where(inside, y[np.minimum(j, n - 1)], np.nan)
+    ok = ~(np.isnan(a) | np.isnan(b))
+    k = ok.sum(axis=1)
+    a, b = np.where(ok, a, 0.0), np.where(ok, b, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        da = np.where(ok, a - a.sum(axis=1, keepdims=True) / k[:, None], 0.0)
+        db = np.where(ok, b - b.sum(axis=1, keepdims=True) / k[:, None], 0.0)
+        den = np.sqrt((da * da).sum(axis=1) * (db * db).sum(axis=1))
+        r = np.clip((da * db).sum(axis=1) / den, -1.0, 1.0)
+    r = np.where((k >= 4) & (den > 1e-12), r, -np.inf)
+    best = int(np.argmax(r))
+    return (float(r[best]), best) if r[best] > 0 else (0.0, 0)
 
 
 def _thermal_label(

@@ -254,20 +254,24 @@ class Cusum:
 def group_median(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each entity's peer median and peer count (NaN-aware), for groups of integer labels.
 
+    The groups are laid side by side in one NaN-padded array, so one median call serves
+    them all (a fleet has dozens of groups and this runs every step).
+
     >>> med, n = group_median(np.array([1.0, 2.0, 9.0, 5.0]), np.array([0, 0, 0, 1]))
     >>> med.tolist(), n.tolist()
     ([2.0, 2.0, 2.0, 5.0], [3, 3, 3, 1])
     """
-    med = np.full(values.shape, np.nan)
-    count = np.zeros(values.shape[0], dtype=np.int64)
-    for g in np.unique(groups):
-        members = groups == g
-        block = values[members]
-        ok = ~np.isnan(block)
-        if ok.any():
-            med[members] = nanmedian(block, axis=0)
-        count[members] = int(ok.reshape(len(block), -1).any(axis=1).sum())
-    return med, count
+    if len(values) == 0:
+        return np.full(values.shape, np.nan), np.zeros(0, dtype=np.int64)
+    labels, inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)
+    order = np.argsort(inverse, kind="stable")
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    position = np.arange(len(order)) - np.repeat(starts, sizes)
+    padded = np.full((len(labels), int(sizes.max()), *values.shape[1:]), np.nan)
+    padded[inverse[order], position] = values[order]
+    present = ~np.isnan(padded).reshape(*padded.shape[:2], -1).all(axis=2)
+    count = present.sum(axis=1)[inverse]
+    return nanmedian(padded, axis=1)[inverse], count
 
 
 def robust_z(values: np.ndarray, groups: np.ndarray, min_scale: float) -> np.ndarray:

@@ -227,6 +227,7 @@ class Store:
         self._watermark = 0
         self._watermark_read_at = -math.inf
         self._watched_metrics: frozenset[str] = frozenset()
+        self._wants: Callable[[SeriesKey], bool] | None = None
         self.feed = RecentSamples(settings.recent_samples, self._is_watched)
         self.findings = FindingLog(engine)
         self.alerts = AlertBook(engine, self.get_state, self.put_state)
@@ -623,14 +624,21 @@ class Store:
         }
 
     # -- the detectors' feed ------------------------------------------------------------------
-    def watch(self, metric_names: Iterable[str]) -> None:
-        """Keep the newest samples of these metrics in memory for ``read_new``."""
+    def watch(
+        self, metric_names: Iterable[str], wants: Callable[[SeriesKey], bool] | None = None
+    ) -> None:
+        """Keep the newest samples of these metrics (the series ``wants``) for ``read_new``."""
         self._watched_metrics = frozenset(metric_names)
+        self._wants = wants
         self.feed.reset_watch()
 
     def _is_watched(self, series_id: int) -> bool:
         key = self.series_registry.keys.get(series_id)
-        return key is not None and key.metric in self._watched_metrics
+        return (
+            key is not None
+            and key.metric in self._watched_metrics
+            and (self._wants is None or self._wants(key))
+        )
 
     def read_new(self, cursor: int | None, since_ms: int) -> tuple[int, SampleBlock]:
         """Watched samples stored after ``cursor``; from SQL (since ``since_ms``) if it is gone.
@@ -645,11 +653,7 @@ class Store:
                 return self.feed.next_seq, block
         next_cursor = self.feed.next_seq
         self.series_registry.refresh()
-        ids = [
-            sid
-            for sid, key in self.series_registry.keys.items()
-            if key.metric in self._watched_metrics
-        ]
+        ids = [sid for sid in self.series_registry.keys if self._is_watched(sid)]
         hi = self.now_ms() + int(self.settings.max_future_skew_seconds * 1000) + 1
         samples, _ = self._raw_samples(ids, since_ms, hi) if ids else ({}, False)
         parts = [

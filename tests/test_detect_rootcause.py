@@ -10,7 +10,7 @@ import pytest
 from detectors.base import make_finding
 from detectors.context import Context
 from detectors.frame import MAX_STACKS, Entities, Frame
-from detectors.rootcause import RootCause
+from detectors.rootcause import RootCause, _lagged_corr
 from hbmwatch.records import RankedCause, Severity
 from hbmwatch.taxonomy import Cause, FindingKind
 
@@ -189,3 +189,36 @@ def test_a_training_job_looks_at_every_gpu_of_its_node(entity_gpu: str | None) -
     frame.context, frame.open_findings = ctx, [reg]
     out = RootCause().update(frame)
     assert out[0].causes[0].cause == Cause.FABRIC
+
+
+def _lagged_corr_by_numpy(x: np.ndarray, y: np.ndarray, max_lag: int) -> tuple[float, int]:
+    """The definition, one lag at a time with np.corrcoef."""
+    best, best_lag = 0.0, 0
+    n = min(len(x), len(y))
+    for lag in range(max(0, min(max_lag, n - 3)) + 1):
+        a, b = x[: n - lag], y[lag:n]
+        ok = ~np.isnan(a) & ~np.isnan(b)
+        if ok.sum() < 4 or np.std(a[ok]) == 0 or np.std(b[ok]) == 0:
+            continue
+        r = float(np.corrcoef(a[ok], b[ok])[0, 1])
+        if r > best:
+            best, best_lag = r, lag
+    return best, best_lag
+
+
+def test_lagged_correlation_matches_numpy_at_every_lag() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n1, n2 = rng.integers(0, 40, size=2)
+        x, y = rng.normal(size=n1), rng.normal(size=n2)
+        m, lag = min(n1, n2), int(rng.integers(0, 5))
+        if m > lag and rng.random() < 0.5:  # y follows x by lag slots
+            y[lag:m] = x[: m - lag] + rng.normal(scale=0.1, size=m - lag)
+        x[rng.random(n1) < 0.2] = np.nan
+        y[rng.random(n2) < 0.2] = np.nan
+        if rng.random() < 0.1:
+            x[:] = 1.0  # no variation: no correlation
+        max_lag = int(rng.integers(0, 10))
+        r, at = _lagged_corr(x, y, max_lag)
+        expected, expected_at = _lagged_corr_by_numpy(x, y, max_lag)
+        assert r == pytest.approx(expected, abs=1e-9) and at == expected_at

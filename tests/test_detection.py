@@ -7,7 +7,7 @@ import numpy as np
 from detectors import default_detectors
 from detectors.base import make_finding
 from detectors.context import Context
-from detectors.frame import WATCHED_METRICS
+from detectors.frame import WATCHED_METRICS, route
 from hbmwatch.detection import DetectionRunner
 from hbmwatch.records import Evidence, RankedCause, Sample, SeriesKey, Severity
 from hbmwatch.taxonomy import Cause, FindingKind
@@ -99,3 +99,17 @@ def test_finding_log_round_trips_and_filters(store: Store) -> None:
     store.findings.save([updated])
     assert store.findings.get(f.id).ended_ms == 9_000  # updated in place, same id
     assert len(store.findings.query()) == 2
+
+
+def test_the_store_hands_the_runner_only_the_series_it_reads(store: Store, clock: Clock) -> None:
+    read = SeriesKey("gpu_memory_temperature_celsius", GPU)
+    ignored = SeriesKey("gpu_clock_hertz", {**GPU, "domain": "soc"})  # watched metric, no route
+    other = SeriesKey("gpu_memory_used_bytes", GPU)  # a metric no detector reads
+    store.watch(WATCHED_METRICS, wants=lambda key: route(key) is not None)
+    now = int(clock() * 1000)
+    store.write([Sample(k, now, 1.0) for k in (read, ignored, other)])
+    cursor, fresh = store.read_new(0, now - 1000)  # from memory
+    restarted, again = store.read_new(None, now - 1000)  # from SQL, as after a restart
+    for block in (fresh, again):
+        assert {store.key_of(int(s)) for s in block.series_ids} == {read}
+    assert cursor == restarted
