@@ -154,11 +154,15 @@ def test_rack_coolant_fault_is_one_incident_in_alertmanager(tmp_path: Path) -> N
         check_alertmanager_saw_the_incident(run)
         check_resolution_reached_alertmanager(run, am, notified)
 
-    # One incident for the rack, none for the control rack; it resolved after the restart.
+    # One incident for the rack, opened once, resolved after the restart.
     assert run.restarted
-    incidents = run.incidents
-    assert len(incidents) == 1, [i.title for i in incidents]
+    # The control rack may throttle on its power cap at its daily peak (the simulator's
+    # load follows the time of day), but nothing there is blamed on heat.
+    incidents = [i for i in run.incidents if i.scope.get("rack") == "r0"]
+    assert len(incidents) == 1, [i.title for i in run.incidents]
     (inc,) = incidents
+    control = {a.labels["alertname"] for a in run.alerts if a.labels.get("rack") == "r1"}
+    assert not control & {"HBMThermalExcursion", "HBMRackThermalExcursion"}
     assert dict(inc.scope) == {"cluster": "c0", "rack": "r0"}
     assert inc.state is IncidentState.RESOLVED
     assert [e.kind for e in inc.timeline].count("opened") == 1
@@ -177,7 +181,8 @@ def check_alertmanager_saw_the_incident(run: Run) -> None:
     later = [a for a in run.alerts if a.labels["alertname"] == "HBMThermalExcursion"
              and a.firing_ms > rack_fired and a.labels["rack"] == "r0"]  # fmt: skip
     assert later and all(run.rows.get(a.id) is None for a in later)
-    assert rack["labels"]["incident"] == run.incidents[0].id  # one AM group per incident
+    (r0,) = [i for i in run.incidents if i.scope.get("rack") == "r0"]
+    assert rack["labels"]["incident"] == r0.id  # one Alertmanager group per incident
     assert {k: rack["labels"][k] for k in ("cluster", "rack", "kind", "scope")} == {
         "cluster": "c0", "rack": "r0", "kind": "thermal_excursion", "scope": "rack"}  # fmt: skip
     assert rack["labels"]["severity"] in ("warning", "critical")
