@@ -274,7 +274,24 @@ def make_finding(
 
 
 def quiet_nan(fn: Any, a: np.ndarray, axis: int | None = None) -> np.ndarray:
-    """``np.nanmedian`` and friends without the warning for all-NaN rows (they give NaN)."""
+    """``np.nanmean``, ``nanmax``, ``nanmin``, ``nanmedian`` giving NaN for all-NaN slices.
+
+    Without numpy's warning, and without ``warnings.catch_warnings``, which is not
+    thread-safe (detectors run in two threads).
+    """
+    a = np.asarray(a, dtype=float)
+    if fn is np.nanmedian:
+        return nanmedian(a, axis=axis)
+    if fn is np.nanmean:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.nansum(a, axis=axis) / (~np.isnan(a)).sum(axis=axis)  # type: ignore[no-any-return]
+    if fn in (np.nanmax, np.nanmin):
+        if a.size == 0 or (axis is not None and a.shape[axis] == 0):
+            shape = () if axis is None else a.shape[:axis] + a.shape[axis + 1 :]
+            empty = np.full(shape, np.nan)
+            return empty if empty.ndim else float(empty)  # type: ignore[return-value]
+        reduce = np.fmax.reduce if fn is np.nanmax else np.fmin.reduce
+        return reduce(a, axis=axis) if axis is not None else reduce(a.ravel())  # type: ignore[no-any-return]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return fn(a, axis=axis)  # type: ignore[no-any-return]
