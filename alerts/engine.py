@@ -161,7 +161,7 @@ class AlertEngine:
 
     def _resolve(self, alert: Alert, at_ms: int, *, why: str = "") -> None:
         resolved = dataclasses.replace(
-            alert, state=AlertState.RESOLVED, resolved_ms=at_ms, updated_ms=max(at_ms, 0)
+            alert, state=AlertState.RESOLVED, resolved_ms=at_ms, updated_ms=at_ms
         )
         self._put(resolved)
         inc = self.incidents.get(alert.incident_id or "")

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from alerts.engine import AlertEngine, Changes
 from alerts.matchers import checked
 from hbmwatch import log
-from hbmwatch.records import Alert, AlertState, Finding, Incident, Matcher, Silence
+from hbmwatch.records import AlertState, Finding, Incident, Matcher, Silence
 from hbmwatch.settings import AlertSettings
 from store.store import Store
 
@@ -103,12 +102,15 @@ class Alerting:
         return s
 
     def acknowledge(self, incident_id: str, by: str, comment: str = "") -> Incident:
-        return self._act("acknowledge", incident_id, by, comment)
+        return self._act(self.engine.acknowledge, incident_id, by, comment)
 
     def resolve(self, incident_id: str, by: str, comment: str = "") -> Incident:
-        return self._act("resolve_incident", incident_id, by, comment)
+        return self._act(self.engine.resolve_incident, incident_id, by, comment)
 
-    def _act(self, action: str, incident_id: str, by: str, comment: str) -> Incident:
+    def _act(
+        self, action: Callable[[str, str, int, str], Incident], incident_id: str, by: str,
+        comment: str,
+    ) -> Incident:  # fmt: skip
         now = self.store.now_ms()
         with self._lock:
             if incident_id not in self.engine.incidents:
@@ -116,13 +118,6 @@ class Alerting:
                 if stored is None:
                     raise KeyError(incident_id)
                 self.engine.incidents[incident_id] = stored
-            inc = getattr(self.engine, action)(incident_id, by, now, comment)
+            inc = action(incident_id, by, now, comment)
             self._save(self.engine.changes)
         return inc
-
-    def summary(self) -> dict[str, Any]:
-        """Counts for /metrics: live alerts by state, open incidents by severity."""
-        with self._lock:
-            alerts: list[Alert] = list(self.engine.alerts.values())
-            incidents = [i for i in self.engine.incidents.values() if i.open]
-        return {"alerts": alerts, "incidents": incidents}

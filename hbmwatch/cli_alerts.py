@@ -61,7 +61,7 @@ def add_silence(settings: Settings, matchers: list[str], *, duration: str, by: s
                 comment: str) -> None:  # fmt: skip
     from alerts.matchers import parse_matcher
     from hbmwatch.alerting import Alerting
-    from simulator.scenario import parse_duration
+    from hbmwatch.validation import parse_duration
 
     try:
         parsed = [parse_matcher(m) for m in matchers]

@@ -74,3 +74,33 @@ def check_label_value(name: str, value: str) -> str:
             label=name,
         )
     return value
+
+
+_DURATION = re.compile(
+    r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$"
+)
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string like ``90s``, ``15m``, ``1h30m``.
+
+    >>> parse_duration("1h30m"), parse_duration("90s"), parse_duration(12)
+    (5400.0, 90.0, 12.0)
+    """
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string like '15m'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif (
+        isinstance(value, str)
+        and value.strip()
+        and (m := _DURATION.match(value))
+        and any(m.groups())
+    ):
+        h, mi, s = (float(x) if x else 0.0 for x in m.groups())
+        seconds = h * 3600 + mi * 60 + s
+    else:
+        raise ValueError(f"{value!r} is not a duration (use seconds or e.g. '90s', '15m', '1h')")
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds

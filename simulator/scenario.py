@@ -8,7 +8,6 @@ file gets a ``ConfigError`` that names the field and the problem, e.g.
 from __future__ import annotations
 
 import datetime as dt
-import re
 import tomllib
 from enum import StrEnum
 from pathlib import Path
@@ -18,39 +17,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from hbmwatch.skus import SKUS, Vendor
 from hbmwatch.taxonomy import Cause, FindingKind
-from hbmwatch.validation import ConfigError
+from hbmwatch.validation import ConfigError, parse_duration
 
 BUNDLED = Path(__file__).resolve().parent / "scenarios"
-_DURATION = re.compile(
-    r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$"
-)
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string like ``90s``, ``15m``, ``1h30m``.
-
-    >>> parse_duration("1h30m"), parse_duration("90s"), parse_duration(12)
-    (5400.0, 90.0, 12.0)
-    """
-    if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or a string like '15m'")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif (
-        isinstance(value, str)
-        and value.strip()
-        and (m := _DURATION.match(value))
-        and any(m.groups())
-    ):
-        h, mi, s = (float(x) if x else 0.0 for x in m.groups())
-        seconds = h * 3600 + mi * 60 + s
-    else:
-        raise ValueError(f"{value!r} is not a duration (use seconds or e.g. '90s', '15m', '1h')")
-    if seconds < 0:
-        raise ValueError("a duration cannot be negative")
-    return seconds
-
-
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
