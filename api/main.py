@@ -3,19 +3,80 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 
-from api.routes import health
+from api import errors
+from api.middleware import BodyLimit, RequestMetrics
+from api.routes import (
+    admin,
+    alerts,
+    devices,
+    health,
+    incidents,
+    ingest,
+    metrics,
+    pages,
+    silences,
+)
+from api.routes import series as series_routes
+from hbmwatch.exporter import Exporter
 from hbmwatch.settings import Settings
+from hbmwatch.status import ServiceStatus
 from store.store import Store
 
+DESCRIPTION = """\
+Triage during an incident: the fleet's inventory, its series (range and latest queries),
+alerts, incidents with ranked causes and evidence, silences, and push ingest.
 
-def create_app(settings: Settings, store: Store) -> FastAPI:
+Times are accepted as unix seconds or RFC 3339 and returned as RFC 3339 (UTC), except query
+points, which are `[unix seconds, value]`. Lists are paged with `limit` and `cursor`
+(`next_cursor` of the previous page). Every error has the same body:
+`{"error": {"code", "message", "detail"}}`.
+
+Reads need a read token unless `api.open_reads` is on; writes (ingest, silences,
+acknowledge, resolve) need a write token; admin calls an admin token. Send
+`Authorization: Bearer <token>`.
+"""
+
+
+def create_app(
+    settings: Settings,
+    store: Store,
+    *,
+    registry: CollectorRegistry | None = None,
+    status: ServiceStatus | None = None,
+    dispatcher_registered: bool = False,
+) -> FastAPI:
+    """The app over a store; ``registry`` is shared with the collector and the store so one
+    ``/metrics`` serves them all."""
     app = FastAPI(
         title="hbmwatch",
         summary="HBM thermal and p99-latency telemetry for GPU fleets",
+        description=DESCRIPTION,
         version="0.1.0",
     )
+    registry = registry or CollectorRegistry()
+    status = status or ServiceStatus()
     app.state.settings = settings
     app.state.store = store
-    app.include_router(health.router)
+    app.state.status = status
+    app.state.registry = registry
+    app.state.alerting = None
+    registry.register(Exporter(store, status, dispatcher_registered=dispatcher_registered))
+    errors.install(app)
+    for module in (
+        health,
+        metrics,
+        devices,
+        series_routes,
+        alerts,
+        incidents,
+        silences,
+        ingest,
+        admin,
+        pages,
+    ):
+        app.include_router(module.router)
+    app.add_middleware(RequestMetrics, registry=registry)
+    app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
     return app

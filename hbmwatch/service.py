@@ -31,6 +31,7 @@ from hbmwatch import log
 from hbmwatch.alerting import Alerting
 from hbmwatch.detection import DetectionRunner
 from hbmwatch.settings import DetectionSettings, Settings
+from hbmwatch.status import ServiceStatus, snapshot_from_frame
 from hbmwatch.validation import ConfigError
 from simulator.runner import Simulation
 from simulator.scenario import load_scenario
@@ -173,10 +174,14 @@ def simulator_targets(targets: list[Target], settings: Settings) -> list[Collect
 
 async def run(settings: Settings) -> None:
     revision = migrate(settings)
-    store = open_store(settings.store)
+    registry = CollectorRegistry()
+    store = open_store(settings.store, registry=registry)
     tune_gc()
     logger.info("store ready", url=_redact(settings.store.url), schema=revision)
-    app = create_app(settings, store)
+    delivering = settings.alerts.enabled and bool(settings.alerts.receivers)
+    status = ServiceStatus(collector_interval_seconds=settings.collector.interval_seconds)
+    app = create_app(settings, store, registry=registry, status=status,
+                     dispatcher_registered=delivering)  # fmt: skip
     server = uvicorn.Server(
         uvicorn.Config(
             app, host=settings.api.host, port=settings.api.port, log_config=None, access_log=False
@@ -194,7 +199,8 @@ async def run(settings: Settings) -> None:
         )
         sim_server, sim_targets = await start_simulator(settings)
         extra = simulator_targets(sim_targets, settings)
-    collector = build_collector(settings, store, extra)
+    collector = build_collector(settings, store, extra, registry)
+    status.collector_last_round_ms = lambda: collector.last_round_ms
     logger.info(
         "collector starting",
         targets=len(collector.targets.current()),
@@ -211,10 +217,11 @@ async def run(settings: Settings) -> None:
                 alerting = Alerting(store, settings.alerts)
                 await asyncio.to_thread(alerting.start)
                 app.state.alerting = alerting
-                if settings.alerts.receivers:
-                    group.create_task(deliver(store, settings, stop))
+                if delivering:
+                    group.create_task(deliver(store, settings, stop, registry))
             if settings.detection.enabled:
-                group.create_task(detect(store, settings.detection, stop, alerting))
+                status.detection_interval_seconds = settings.detection.interval_seconds
+                group.create_task(detect(store, settings.detection, stop, alerting, status))
             await server.serve()
             stop.set()
     finally:
@@ -223,9 +230,11 @@ async def run(settings: Settings) -> None:
         store.close()
 
 
-async def deliver(store: Store, settings: Settings, stop: asyncio.Event) -> None:
+async def deliver(
+    store: Store, settings: Settings, stop: asyncio.Event, registry: CollectorRegistry | None = None
+) -> None:
     """Send alerts to the configured receivers until told to stop."""
-    dispatcher = Dispatcher(store.alerts, settings.alerts, clock=time.time)
+    dispatcher = Dispatcher(store.alerts, settings.alerts, clock=time.time, registry=registry)
     logger.info("alert delivery starting",
                 receivers=[f"{r.kind}:{r.name}" for r in settings.alerts.receivers])  # fmt: skip
     try:
@@ -239,6 +248,7 @@ async def detect(
     settings: DetectionSettings,
     stop: asyncio.Event,
     alerting: Alerting | None = None,
+    status: ServiceStatus | None = None,
 ) -> None:
     """Run the detectors every ``interval_seconds`` over the samples written since the last;
     their findings go on to alerting in the same step."""
@@ -255,6 +265,10 @@ async def detect(
         while not stop.is_set():
             try:
                 report = await asyncio.to_thread(runner.cycle)
+                if status is not None:
+                    frame = runner.last_frame
+                    snapshot = snapshot_from_frame(frame) if frame is not None else None
+                    status.record_cycle(report.seconds, snapshot)
                 if alerting is not None:
                     await asyncio.to_thread(alerting.process, report.findings)
                 if report.seconds > settings.interval_seconds:

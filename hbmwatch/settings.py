@@ -74,10 +74,15 @@ class StoreSettings(BaseModel):
 class ApiSettings(BaseModel):
     host: str = Field("127.0.0.1", description="Bind address; 127.0.0.1 unless told otherwise.")
     port: int = Field(8427, ge=1, le=65535)
-    read_token: SecretStr | None = None
-    write_token: SecretStr | None = None
-    admin_token: SecretStr | None = None
+    read_token: SecretStr | None = Field(None, description="Bearer token for reads.")
+    write_token: SecretStr | None = Field(
+        None, description="Bearer token for writes: ingest, silences, acknowledge, resolve."
+    )
+    admin_token: SecretStr | None = Field(None, description="Bearer token for everything.")
     open_reads: bool = Field(True, description="Allow reads without a token.")
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="Larger request bodies are refused (413)."
+    )
 
 
 TargetKind = Literal["dme", "dcgm", "vllm", "sglang", "tgi", "triton", "training", "mapped"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from api.main import create_app
 from hbmwatch.settings import Settings, StoreSettings
@@ -105,7 +106,25 @@ def test_up_serves_health_and_readiness(running: tuple[str, subprocess.Popen[str
     assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{base}/readyz")
     assert ready.status_code == 200
-    assert ready.json()["checks"] == {"store": "ok", "schema": "ok"}
+    assert ready.json()["checks"] == {"store": "ok", "schema": "ok", "collector": "ok",
+                                      "detection": "ok"}  # fmt: skip
+    # The simulated fleet is scraped, detected on and exported: margins per GPU on /metrics.
+    families: dict[str, list] = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not families.get("hbmwatch_gpu_thermal_margin_celsius"):
+        time.sleep(1)
+        text = httpx.get(f"{base}/metrics").text
+        families = {f.name: f.samples for f in text_string_to_metric_families(text)}
+    margins = families["hbmwatch_gpu_thermal_margin_celsius"]
+    assert margins and all(0 < s.value < 80 for s in margins)
+    assert {s.labels["sensor"] for s in margins} == {"memory", "hotspot"}
+    assert families["hbmwatch_detection_cycle_seconds"][0].value > 0
+    assert all(s.value == 1 for s in families["hbmwatch_target_up"])
+    assert families["hbmwatch_store_samples_written"][0].value > 0
+    devices = httpx.get(f"{base}/api/v1/devices", params={"limit": 1000}).json()["items"]
+    assert {(d["host"], d["gpu"]) for d in devices} == {
+        (s.labels["host"], s.labels["gpu"]) for s in margins
+    }
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
     output = proc.stdout.read() if proc.stdout else ""

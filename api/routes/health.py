@@ -6,10 +6,14 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from api.deps import StoreDep
+from api.deps import StatusDep, StoreDep
+from hbmwatch.status import ServiceStatus
 from store.migrate import current_revision, head_revision
 
 router = APIRouter(tags=["health"])
+
+#: The detectors may trail now by this much before readiness fails.
+MAX_DETECTION_LAG_SECONDS = 120.0
 
 
 class Health(BaseModel):
@@ -28,8 +32,9 @@ def healthz() -> Health:
 
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
-def readyz(store: StoreDep) -> JSONResponse:
-    """Ready when the store answers and its schema is at the latest migration."""
+def readyz(store: StoreDep, status: StatusDep) -> JSONResponse:
+    """Ready when the store answers at the latest schema, the collector scrapes and the
+    detectors keep up; a part this process does not run is reported, not failed."""
     checks: dict[str, str] = {}
     try:
         store.ping()
@@ -38,6 +43,31 @@ def readyz(store: StoreDep) -> JSONResponse:
         checks["schema"] = "ok" if revision == head else f"at {revision}, expected {head}"
     except Exception as exc:
         checks["store"] = f"unreachable: {type(exc).__name__}: {exc}"
-    ready = all(v == "ok" for v in checks.values())
+    checks["collector"] = _collector(status)
+    checks["detection"] = _detection(status)
+    ready = all(v == "ok" or v.startswith("not running") for v in checks.values())
     body = Readiness(status="ready" if ready else "not ready", checks=checks)
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+
+def _collector(status: ServiceStatus) -> str:
+    if status.collector_last_round_ms is None:
+        return "not running in this process"
+    last_ms = status.collector_last_round_ms()
+    now = status.clock()
+    allowed = 5 * status.collector_interval_seconds + 10
+    if last_ms == 0:
+        return "ok" if now - status.started_at < allowed else "no scrape round finished yet"
+    age = now - last_ms / 1000
+    return "ok" if age <= allowed else f"last scrape round {age:.0f} s ago"
+
+
+def _detection(status: ServiceStatus) -> str:
+    if status.detection_interval_seconds is None:
+        return "not running in this process"
+    allowed = max(MAX_DETECTION_LAG_SECONDS, 10 * status.detection_interval_seconds)
+    lag = status.detection_lag_seconds()
+    if lag is None:
+        waited = status.clock() - status.started_at
+        return "ok" if waited < allowed else f"no detection cycle in {waited:.0f} s"
+    return "ok" if lag <= allowed else f"detection {lag:.0f} s behind"

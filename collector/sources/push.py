@@ -20,6 +20,8 @@ from hbmwatch.records import Sample, SeriesKey
 
 MAX_SAMPLES_PER_BATCH = 100_000
 MAX_LATENCIES_PER_WINDOW = 1_000_000
+#: Unix seconds past this (the year 5138) are a unit mistake, not a time.
+MAX_UNIX_SECONDS = 1e11
 
 
 def to_ms(value: float | str | dt.datetime) -> int:
@@ -38,8 +40,8 @@ def to_ms(value: float | str | dt.datetime) -> int:
         if parsed.tzinfo is None:
             raise ValueError(f"{value!r} has no time zone; use Z or an offset")
         return int(parsed.timestamp() * 1000)
-    if not math.isfinite(value):
-        raise ValueError("a timestamp must be finite")
+    if not math.isfinite(value) or abs(value) > MAX_UNIX_SECONDS:
+        raise ValueError(f"{value!r} is not a unix time in seconds")
     return int(value * 1000)
 
 
