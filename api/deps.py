@@ -8,6 +8,7 @@ scope includes the ones below it (admin > write > read).  Reads pass without a t
 from __future__ import annotations
 
 import secrets
+import threading
 from enum import IntEnum
 from typing import Annotated
 
@@ -39,13 +40,17 @@ def get_status(request: Request) -> ServiceStatus:
     return request.app.state.status
 
 
+_alerting_lock = threading.Lock()
+
+
 def get_alerting(request: Request) -> Alerting:
     """The running service's alerting, or one over the store when the API runs alone."""
     state = request.app.state
-    if getattr(state, "alerting", None) is None:
-        alerting = Alerting(state.store, state.settings.alerts)
-        alerting.start()
-        state.alerting = alerting
+    with _alerting_lock:
+        if getattr(state, "alerting", None) is None:
+            alerting = Alerting(state.store, state.settings.alerts)
+            alerting.start()
+            state.alerting = alerting
     return state.alerting
 
 

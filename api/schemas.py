@@ -265,7 +265,10 @@ class IncidentDetail(IncidentOut):
 
 
 class IncidentAction(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"by": "alice", "comment": "draining rack r07"}]},
+    )
     by: str | None = Field(None, max_length=200, description="Who; defaults to the token's scope.")
     comment: str = Field("", max_length=2000)
 
@@ -278,7 +281,19 @@ class MatcherIn(BaseModel):
 
 
 class SilenceIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "matchers": [{"name": "rack", "value": "r07", "op": "="}],
+                    "duration": "2h",
+                    "created_by": "alice",
+                    "comment": "coolant pump swap, ticket OPS-1234",
+                }
+            ]
+        },
+    )
     matchers: list[MatcherIn] = Field(min_length=1, max_length=20)
     starts_at: float | str | None = Field(
         None, description="Unix seconds or RFC 3339; default now."

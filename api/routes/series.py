@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -72,7 +71,7 @@ def query_range(
     ] = None,
 ) -> RangeResult:
     """One value per step for each matching series; rollups serve steps of whole minutes."""
-    end_s = parse_time("end", end, time.time())
+    end_s = parse_time("end", end, store.now_ms() / 1000)
     start_s = parse_time("start", start, end_s - DEFAULT_RANGE_SECONDS)
     step_s = parse_step(step)
     selector = parse_selector(query)

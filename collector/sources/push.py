@@ -73,6 +73,14 @@ class Placement(_Strict):
 class LatencyWindow(Placement):
     """Raw latencies of one window (a client's own measurements, e.g. a load generator)."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{
+            "service": "chat-70b", "host": "node7", "gpu": "3", "phase": "e2e",
+            "window_end": "2027-01-15T08:00:00Z", "latencies_seconds": [0.21, 0.25, 1.9],
+        }]},
+    )  # fmt: skip
+
     phase: str = Field("e2e", pattern="^(ttft|inter_token|e2e)$")
     window_end: float | str = Field(description="Unix seconds or RFC 3339")
     latencies_seconds: list[float] = Field(min_length=1, max_length=MAX_LATENCIES_PER_WINDOW)
@@ -88,6 +96,14 @@ class LatencyWindow(Placement):
 
 class StepTimes(Placement):
     """Training step times of one window."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{
+            "service": "pretrain-405b", "host": "node7", "window_end": 1800000000,
+            "step_seconds": [4.1, 4.0, 4.3],
+        }]},
+    )  # fmt: skip
 
     window_end: float | str
     step_seconds: list[float] = Field(min_length=1, max_length=MAX_LATENCIES_PER_WINDOW)
