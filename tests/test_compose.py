@@ -276,7 +276,7 @@ def test_mounts_are_read_only_files_from_the_repo(resolved: dict[str, Any]) -> N
                 assert source.exists(), (name, source)
     assert {t: Path(m["source"]) for t, m in binds(services["grafana"]).items()} == {
         "/etc/grafana/provisioning": REPO / "dashboards" / "provisioning",
-        "/var/lib/grafana/dashboards": REPO / "dashboards",
+        "/var/lib/grafana/dashboards": REPO / "dashboards" / "json",
     }
     assert {t: Path(m["source"]) for t, m in binds(services["prometheus"]).items()} == {
         "/etc/prometheus/prometheus.yml": PROMETHEUS_YML,
