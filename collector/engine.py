@@ -331,6 +331,9 @@ class ScrapeEngine:
             finally:
                 for task in tasks.values():
                     task.cancel()
+                if not stop.is_set():  # cancelled: the loops would wait for a stop never set
+                    flusher.cancel()
+                    local.cancel()
                 await asyncio.gather(*tasks.values(), return_exceptions=True)
                 await asyncio.gather(flusher, local, return_exceptions=True)
                 await self.sink.flush()

@@ -222,8 +222,10 @@ async def run(settings: Settings) -> None:
             if settings.detection.enabled:
                 status.detection_interval_seconds = settings.detection.interval_seconds
                 group.create_task(detect(store, settings.detection, stop, alerting, status))
-            await server.serve()
-            stop.set()
+            try:
+                await server.serve()
+            finally:  # cancelled too (a signal before uvicorn took over): every loop ends
+                stop.set()
     finally:
         if sim_server is not None:
             await sim_server.close()

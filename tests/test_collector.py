@@ -257,6 +257,26 @@ def test_stopped_target_is_down_within_two_intervals(tmp_path: Path) -> None:
     assert store.latest(parse_selector("gpu_hotspot_temperature_celsius"), 0.6) == []  # stale
 
 
+
+def test_a_cancelled_collector_ends_and_flushes_what_it_holds(tmp_path: Path) -> None:
+    """A signal before the server takes over cancels the run instead of setting ``stop``."""
+    store = make_store(f"sqlite:///{tmp_path / 'db.sqlite'}", Clock(time.time()))
+    store._clock = time.time
+
+    async def run() -> None:
+        page = b'DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="h"} 40\n'
+        async with PageServer({"/metrics": lambda: (200, page)}) as server:
+            target = Target("dcgm", server.url("/metrics"), {"host": "h"}, 0.2, 0.1)
+            engine = engine_for(store, [target], tmp_path, time.time, flush_seconds=60)
+            task = asyncio.create_task(engine.run(asyncio.Event()))  # stop is never set
+            await asyncio.sleep(1.0)
+            task.cancel()
+            await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 5)
+
+    asyncio.run(run())
+    assert store.latest(parse_selector("gpu_hotspot_temperature_celsius"), 60)  # flushed
+    store.close()
+
 # -- bad pages -------------------------------------------------------------------------------------
 def test_malformed_huge_slow_and_exploding_pages(tmp_path: Path, clock: Clock) -> None:
     store = make_store(f"sqlite:///{tmp_path / 'db.sqlite'}", clock)
