@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Annotated
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Path, Query
 
-from api.deps import AlertingDep, ScopeRead, ScopeWrite, StoreDep, actor
+from api.deps import AlertingDep, Scope, ScopeRead, ScopeWrite, StoreDep, actor
 from api.errors import ERROR_RESPONSES, not_found
 from api.params import Cursor, Limit, TimeParam, page, parse_time
 from api.schemas import (
@@ -82,13 +83,7 @@ def acknowledge(
     body: IncidentAction | None = None,
 ) -> IncidentOut:
     """Someone is on it: the incident stays open, and the timeline says who."""
-    body = body or IncidentAction()
-    try:
-        return IncidentOut.of(
-            alerting.acknowledge(incident_id, body.by or actor(scope), body.comment)
-        )
-    except KeyError:
-        raise not_found("incident", incident_id) from None
+    return _act(alerting.acknowledge, incident_id, scope, body)
 
 
 @router.post("/incidents/{incident_id}/resolve", response_model=IncidentOut)
@@ -99,9 +94,18 @@ def resolve(
     body: IncidentAction | None = None,
 ) -> IncidentOut:
     """Close it by hand; alerts still firing open a new incident."""
+    return _act(alerting.resolve, incident_id, scope, body)
+
+
+def _act(
+    action: Callable[[str, str, str], Incident],
+    incident_id: str,
+    scope: Scope | None,
+    body: IncidentAction | None,
+) -> IncidentOut:
     body = body or IncidentAction()
     try:
-        return IncidentOut.of(alerting.resolve(incident_id, body.by or actor(scope), body.comment))
+        return IncidentOut.of(action(incident_id, body.by or actor(scope), body.comment))
     except KeyError:
         raise not_found("incident", incident_id) from None
 

@@ -7,6 +7,8 @@ client sees exactly what was lost.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter
 
 from api.deps import ScopeWrite, StoreDep
@@ -50,18 +52,18 @@ def ingest_samples(store: StoreDep, _: ScopeWrite, batch: SampleBatch) -> Ingest
 @router.post("/latencies", response_model=IngestResult)
 def ingest_latencies(store: StoreDep, _: ScopeWrite, window: LatencyWindow) -> IngestResult:
     """One window of raw request latencies: stored as exact quantiles and a request count."""
-    try:
-        collected = samples_from_latencies(window)
-    except ValueError as exc:
-        raise InvalidQuery(f"window_end: {exc}", parameter="window_end") from None
-    return _write(store, collected, len(collected.samples))
+    return _write_window(store, lambda: samples_from_latencies(window))
 
 
 @router.post("/steps", response_model=IngestResult)
 def ingest_steps(store: StoreDep, _: ScopeWrite, steps: StepTimes) -> IngestResult:
     """One window of training step times, stored like latencies with phase=step."""
+    return _write_window(store, lambda: samples_from_steps(steps))
+
+
+def _write_window(store: Store, convert: Callable[[], Collected]) -> IngestResult:
     try:
-        collected = samples_from_steps(steps)
+        collected = convert()
     except ValueError as exc:
         raise InvalidQuery(f"window_end: {exc}", parameter="window_end") from None
     return _write(store, collected, len(collected.samples))
