@@ -212,10 +212,13 @@ class SparseGate:
     ['a', 'b']
     """
 
-    def __init__(self, hysteresis: Hysteresis, keys: list[str]) -> None:
+    def __init__(
+        self, hysteresis: Hysteresis, keys: list[str], rows: np.ndarray | None = None
+    ) -> None:
+        """``rows``: the keys' rows in the hysteresis table, when the caller kept them."""
         self.h = hysteresis
         self.keys = keys
-        rows = hysteresis.table.rows(keys)
+        rows = hysteresis.table.rows(keys) if rows is None else rows
         self.open = hysteresis.table["open"][rows] > 0
         self.tracked = self.open | ~np.isnan(hysteresis.table["over_since"][rows])
 

@@ -257,13 +257,17 @@ def counter_deltas(prev: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np
     """
     delta = values - prev
     drop = delta < 0
-    wrapped = np.full(values.shape, np.nan)
-    for span in WRAPS:
-        fits = drop & np.isnan(wrapped) & (prev >= span / 2) & (prev < span)
-        wrapped = np.where(fits, span - prev + values, wrapped)
-    is_wrap = ~np.isnan(wrapped) & (wrapped < 2.0**30)
-    reset = drop & ~is_wrap
-    delta = np.where(is_wrap, wrapped, np.where(reset, values, delta))
+    reset = np.zeros(values.shape, bool)
+    at = np.flatnonzero(drop)  # drops are rare: the wrap arithmetic runs on them alone
+    if len(at):
+        p, v = prev[at], values[at]
+        wrapped = np.full(len(at), np.nan)
+        for span in WRAPS:
+            fits = np.isnan(wrapped) & (p >= span / 2) & (p < span)
+            wrapped = np.where(fits, span - p + v, wrapped)
+        is_wrap = ~np.isnan(wrapped) & (wrapped < 2.0**30)
+        reset[at] = ~is_wrap
+        delta[at] = np.where(is_wrap, wrapped, np.where(reset[at], v, delta[at]))
     return delta, reset
 
 
@@ -287,8 +291,12 @@ class FrameBuilder:
         self._how: list[int] = []  # 0 gauge, 1 counter, 2 seconds counter (fraction)
         self._text: list[str] = []
         self._link: list[str] = []
+        self._pair: list[int] = []  # fabric series: index into _pairs, else -1
+        self._pairs: list[tuple[int, str]] = []  # (GPU entity, link) of fabric series
+        self._pair_of: dict[tuple[int, str], int] = {}
         self._entities = [Entities(), Entities(), Entities()]
         self._cols: dict[str, np.ndarray] = {}
+        self._plan: _Plan | None = None  # where the last frame's series went
         self._last = np.zeros(0)  # each counter's last value, NaN before the first
         self._last_ms = np.zeros(0, np.int64)  # and its time: samples up to it are used
 
@@ -327,21 +335,30 @@ class FrameBuilder:
             self._entity.append(
                 self._entities[table].add(r.key, {k: labels[k] for k in keep if k in labels})
             )
+        pair = -1
+        if r is not None and r.table == "gpu" and r.signal == "fabric_errors":
+            pair = self._pair_of.setdefault((self._entity[-1], self._link[-1]), len(self._pairs))
+            if pair == len(self._pairs):
+                self._pairs.append((self._entity[-1], self._link[-1]))
+        self._pair.append(pair)
         return slot
 
     def _grow(self) -> None:
         n = len(self._table)
         for name in ("_table", "_signal", "_entity", "_stack", "_how"):
             self._cols[name] = np.asarray(getattr(self, name), dtype=np.int64)
+        self._cols["link_pair"] = np.asarray(self._pair, dtype=np.int64)
         table, how = self._cols["_table"], self._cols["_how"]
         self._cols["fabric"] = (table == 0) & (
             self._cols["_signal"] == SIGNAL_CODE["fabric_errors"]
         )
         self._cols["kind"] = np.where(table < 0, -1, how).astype(np.int8)
         self._cols["counter_id"] = np.cumsum(self._cols["kind"] > 0) - 1
-        # One small code per (table, signal): the scatter's radix-sort key.
-        self._cols["group"] = (np.maximum(table, 0) * len(SIGNALS) + self._cols["_signal"]
-                               ).astype(np.uint8)  # fmt: skip
+        # One small code per (table, signal): a signal's block in the frame's grid.
+        self._cols["group"] = np.maximum(table, 0) * len(SIGNALS) + self._cols["_signal"]
+        self._cols["reduce"] = _REDUCE_OF_SIGNAL[self._cols["_signal"]].astype(np.int8)
+        self._cols["counter_slot"] = np.flatnonzero(self._cols["kind"] > 0)
+        self._plan = None
         grown = n - len(self._last)
         self._last = np.r_[self._last, np.full(grown, np.nan)]
         self._last_ms = np.r_[self._last_ms, np.full(grown, -1, np.int64)]
@@ -364,26 +381,67 @@ class FrameBuilder:
             ts, sids, vals = ts[order], sids[order], vals[order]
         slot = self._slots(sids)
         kind = self._cols["kind"][slot]  # -1 unread, 0 gauge, 1 counter, 2 seconds counter
-        gauge = np.flatnonzero((kind == 0) & (ts >= start_ms) & (ts < end_ms))
-        counter = np.flatnonzero(kind > 0)
-        # Each counter sample is differenced once: samples of later frames wait (the
-        # runner hands them back), ones already used are not used again.
-        ct = ts[counter]
-        counter = counter[(ct < end_ms) & (ct > self._last_ms[slot[counter]])]
-        # By series, then time: counters numbered densely sort in one 16-bit radix pass.
-        counter = counter[_stable_order(self._cols["counter_id"][slot[counter]])]
-        inc = (
-            self._increments(frame, slot[counter], ts[counter], vals[counter])
-            if len(counter)
-            else np.zeros(0)
-        )
-        in_frame = ts[counter] >= start_ms
-        pick = np.concatenate([gauge, counter[in_frame]])  # gauges stay in time order
-        values = np.concatenate([vals[gauge], inc[in_frame]]).astype(float, copy=False)
-        known = ~np.isnan(values)
-        pick, values = pick[known], values[known]
-        self._scatter(frame, slot[pick], (ts[pick] - start_ms) // step_ms, values)
+        gauges = self._gauges(frame, slot, kind, ts, vals)
+        counters = self._counters(frame, slot, kind, ts, vals)
+        self._scatter(frame, gauges, counters)
         return frame
+
+    def _gauges(
+        self, frame: Frame, slot: np.ndarray, kind: np.ndarray, ts: np.ndarray, vals: np.ndarray
+    ) -> _Samples:
+        """Gauge samples inside the frame, in time order (the order cells reduce in)."""
+        pick = np.flatnonzero((kind == 0) & (ts >= frame.start_ms) & (ts < frame.end_ms))
+        value = vals[pick].astype(float, copy=False)
+        known = ~np.isnan(value)
+        if not known.all():
+            pick, value = pick[known], value[known]
+        return _Samples(slot[pick], (ts[pick] - frame.start_ms) // frame.step_ms, value)
+
+    def _counters(
+        self, frame: Frame, slot: np.ndarray, kind: np.ndarray, ts: np.ndarray, vals: np.ndarray
+    ) -> _Samples:
+        """Counter samples as increments inside the frame.
+
+        Each counter sample is differenced once: samples of later frames wait (the runner
+        hands them back), ones already used are not used again.  A series whose every
+        sample equals the last value it had adds nothing but exact zeros, so only the
+        others (on a fleet, a few of them: most error counters stand still) are grouped
+        by series and differenced; a cell's sum is the same with its zeros anywhere.
+        """
+        counter = np.flatnonzero(kind > 0)
+        cslot, ct = slot[counter], ts[counter]
+        keep = (ct < frame.end_ms) & (ct > self._last_ms[cslot])
+        if not keep.all():
+            counter, cslot, ct = counter[keep], cslot[keep], ct[keep]
+        cv = vals[counter].astype(float, copy=False)
+        moved = np.zeros(len(self._table), bool)
+        moved[cslot[cv != self._last[cslot]]] = True  # NaN equals nothing: it moves
+        still = ~moved[cslot]
+        self._last_ms[cslot] = ct  # in time order: each series' last stays
+        busy = self._differenced(frame, *(a[~still] for a in (cslot, ct, cv)))
+        pick = np.flatnonzero((busy.col >= frame.start_ms) & ~np.isnan(busy.value))
+        quiet = np.flatnonzero(still & (ct >= frame.start_ms))
+        return _Samples(
+            np.concatenate([busy.slot[pick], cslot[quiet]]),
+            (np.concatenate([busy.col[pick], ct[quiet]]) - frame.start_ms) // frame.step_ms,
+            np.concatenate([busy.value[pick], np.zeros(len(quiet))]),
+        )
+
+    def _differenced(
+        self, frame: Frame, cslot: np.ndarray, ct: np.ndarray, cv: np.ndarray
+    ) -> _Samples:
+        """Samples (in time order) grouped by series, then time, with their times in place
+        of steps and their increments in place of values.  Counters are numbered densely,
+        so grouping is one 16-bit radix pass, and the grouped series numbers are each
+        number repeated as often as it occurs (no gather needed)."""
+        if len(cslot) == 0:
+            return _Samples(cslot, ct, cv)
+        cid = self._cols["counter_id"][cslot]
+        order = _stable_order(cid)
+        seen = np.bincount(cid)
+        cslot = self._cols["counter_slot"][np.repeat(np.arange(len(seen)), seen)]
+        ct, cv = np.take(ct, order), np.take(cv, order)
+        return _Samples(cslot, ct, self._increments(frame, cslot, ct, cv))
 
     def _increments(
         self, frame: Frame, slot: np.ndarray, t: np.ndarray, v: np.ndarray
@@ -404,66 +462,73 @@ class FrameBuilder:
             if self._table[s] == 0:
                 key = gpus.keys[self._entity[s]]
                 frame.resets[key] = frame.resets.get(key, 0) + 1
-        fabric = np.flatnonzero(self._cols["fabric"][slot] & (t >= frame.start_ms))
-        for i in fabric[delta[fabric] > 0].tolist():  # NaN compares false: skipped
-            errs = frame.link_errors.setdefault(gpus.keys[self._entity[slot[i]]], {})
-            link = self._link[slot[i]]
-            errs[link] = errs.get(link, 0.0) + float(delta[i])
+        self._link_errors(frame, slot, t, delta)
         frac = np.flatnonzero(self._cols["kind"][slot] == 2)
         if len(frac):  # seconds of throttling per step -> fraction of the step
             dt = np.where(first[frac], frame.step_ms, t[frac] - t[frac - 1]) / 1000.0
             delta[frac] = np.clip(delta[frac] / np.fmax(dt, 1e-3), 0.0, 1.0)
         return delta
 
-    def _scatter(
-        self, frame: Frame, slot: np.ndarray, cols: np.ndarray, values: np.ndarray
+    def _link_errors(
+        self, frame: Frame, slot: np.ndarray, t: np.ndarray, delta: np.ndarray
     ) -> None:
-        """Lay samples (in time order) on the grid, one signal at a time.
+        """Fabric errors in the frame per GPU and link, summed in sample order (as a loop
+        over the samples would, which ``bincount`` does), keyed in order of appearance."""
+        up = np.flatnonzero(delta > 0)  # NaN compares false: skipped
+        up = up[self._cols["fabric"][slot[up]] & (t[up] >= frame.start_ms)]
+        if len(up) == 0:
+            return
+        pairs, first, which = np.unique(
+            self._cols["link_pair"][slot[up]], return_index=True, return_inverse=True
+        )
+        totals = np.bincount(which, weights=delta[up])
+        gpus = self._entities[TABLES.index("gpu")]
+        for j in np.argsort(first).tolist():
+            entity, link = self._pairs[int(pairs[j])]
+            frame.link_errors.setdefault(gpus.keys[entity], {})[link] = float(totals[j])
 
-        Rows are the frame's entities in the order the builder first met them, so a GPU
-        keeps its row from frame to frame while the fleet does not change.
+    def _scatter(self, frame: Frame, gauges: _Samples, counters: _Samples) -> None:
+        """Lay the samples on the grid: one scatter per reduction, no sort by signal.
+
+        Where each series goes (its entity's row, its signal's block) depends only on which
+        series the frame has, so the plan is kept while the same series report.
         """
-        present = np.flatnonzero(np.bincount(slot, minlength=len(self._table)))
-        codes = self._cols["group"][slot]
-        order = np.argsort(codes, kind="stable")  # by table and signal, still in time order
-        slot, cols, values = slot[order], cols[order], values[order]
-        bounds = np.r_[0, np.cumsum(np.bincount(codes))]
+        n = len(self._table)
+        present = np.flatnonzero(
+            np.bincount(gauges.slot, minlength=n) + np.bincount(counters.slot, minlength=n)
+        )
+        plan = self._plan
+        if plan is None or not np.array_equal(plan.present, present):
+            plan = self._plan = self._make_plan(present)
+        plan.name(frame)
+        grid = _Grid(plan, frame.steps)
+        grid.lay(gauges, LAST)
+        grid.lay(counters, SUM)
+        grid.fill(frame)
+
+    def _make_plan(self, present: np.ndarray) -> _Plan:
+        """Rows are the frame's entities in the order the builder first met them, so a GPU
+        keeps its row from frame to frame while the fleet does not change."""
         rows = np.zeros(len(self._table), np.int64)  # each slot's row in this frame
-        tables = (frame.gpus, frame.workloads, frame.targets)
-        for table, ents in enumerate(tables):
+        entities, series = [], {}
+        for table in range(len(TABLES)):
             mine = present[self._cols["_table"][present] == table]
-            rows[mine] = self._frame_rows(table, ents, self._cols["_entity"][mine])
-            self._note_series(frame, table, mine, rows[mine])
-        frame.stacks = np.full((len(frame.gpus), MAX_STACKS, frame.steps), np.nan)
-        out = (frame.gpu, frame.wl, frame.tgt)
-        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-            if a == b:
-                continue
-            s, c, v = slot[a:b], cols[a:b], values[a:b]
-            table, signal = int(self._cols["_table"][s[0]]), SIGNALS[self._signal[s[0]]]
-            if signal == "stack":
-                frame.stacks[rows[s], self._cols["_stack"][s], c] = v
-            else:
-                shape = (len(tables[table]), frame.steps)
-                out[table][signal] = _reduce(_HOW[signal], shape, rows[s], c, v)
+            seen = np.unique(self._cols["_entity"][mine])
+            known = self._entities[table]
+            keys = [known.keys[e] for e in seen.tolist()]
+            labels = [known.labels[e] for e in seen.tolist()]  # shared: detectors only read
+            entities.append((keys, labels, {k: i for i, k in enumerate(keys)}))
+            rows[mine] = np.searchsorted(seen, self._cols["_entity"][mine])
+            series[TABLES[table]] = self._series_matrix(len(keys), mine, rows[mine])
+        return _Plan(self._cols, present, rows, entities, series)
 
-    def _frame_rows(self, table: int, ents: Entities, entity: np.ndarray) -> np.ndarray:
-        seen = np.unique(entity)
-        known = self._entities[table]
-        ents.keys = [known.keys[e] for e in seen.tolist()]
-        ents.labels = [known.labels[e] for e in seen.tolist()]  # shared: detectors only read
-        ents.index = {k: i for i, k in enumerate(ents.keys)}
-        return np.searchsorted(seen, entity)
-
-    def _note_series(self, frame: Frame, table: int, slots: np.ndarray, rows: np.ndarray) -> None:
+    def _series_matrix(self, n: int, slots: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """The first series behind each (entity, signal), for evidence, as a matrix."""
-        n = len((frame.gpus, frame.workloads, frame.targets)[table])
         none = np.iinfo(np.int64).max
         matrix = np.full((n, len(SIGNALS)), none, np.int64)
         np.minimum.at(matrix, (rows, self._cols["_signal"][slots]), slots)
         matrix[matrix == none] = -1
-        assert isinstance(frame.series, SeriesIndex)
-        frame.series._slots[TABLES[table]] = matrix
+        return matrix
 
 
 def _stable_order(keys: np.ndarray) -> np.ndarray:
@@ -473,26 +538,6 @@ def _stable_order(keys: np.ndarray) -> np.ndarray:
     if len(high) and high.max() > 0:
         order = order[np.argsort(high[order].astype(np.uint16), kind="stable")]
     return order
-
-
-def _reduce(how: str, shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray,
-            values: np.ndarray) -> np.ndarray:  # fmt: skip
-    """Samples falling in the same cell: the last, the largest, the mean or the sum."""
-    if how == "last":
-        arr = np.full(shape, np.nan)
-        arr[rows, cols] = values
-        return arr
-    if how == "max":
-        arr = np.full(shape, -np.inf)
-        np.maximum.at(arr, (rows, cols), values)
-        arr[np.isinf(arr)] = np.nan
-        return arr
-    flat = rows * shape[1] + cols
-    size = shape[0] * shape[1]
-    total = np.bincount(flat, weights=values, minlength=size).reshape(shape)
-    count = np.bincount(flat, minlength=size).reshape(shape)
-    with np.errstate(invalid="ignore"):
-        return total / count if how == "mean" else np.where(count > 0, total, np.nan)
 
 
 _HOW: dict[str, str] = {
@@ -526,3 +571,124 @@ WATCHED_METRICS: tuple[str, ...] = (
 #: Every signal a frame can carry, in a fixed order (the builder's signal codes).
 SIGNALS: tuple[str, ...] = (*_HOW, "stack")
 SIGNAL_CODE: dict[str, int] = {signal: i for i, signal in enumerate(SIGNALS)}
+
+#: How samples falling in one cell combine: the last, the mean, the largest, the sum.
+LAST, MEAN, MAX, SUM = range(4)
+_REDUCE_OF_SIGNAL = np.array(
+    [{"last": LAST, "mean": MEAN, "max": MAX, "sum": SUM}[_HOW.get(s, "last")] for s in SIGNALS]
+)
+
+
+class _Samples(NamedTuple):
+    """Samples to lay on the grid, in the order each cell reduces them."""
+
+    slot: np.ndarray
+    col: np.ndarray  # step
+    value: np.ndarray
+
+
+class _Plan:
+    """Where a frame's series go: entity rows, and each (table, signal) a block of rows.
+
+    Every (table, signal) the frame carries gets a block of rows (one per entity; the
+    stacks one per GPU and stack) in the array of its reduction, and every series a row in
+    it (``dest``).  Gauges are mostly laid by their last value and counters by their sum:
+    ``main_row`` is the series' row for those and a scratch row for the others (``minor``:
+    means, maxima), which are laid on their own.
+    """
+
+    def __init__(self, cols: Mapping[str, np.ndarray], present: np.ndarray, rows: np.ndarray,
+                 entities: list[tuple[list[str], list[dict[str, str]], dict[str, int]]],
+                 series: dict[str, np.ndarray]) -> None:  # fmt: skip
+        self.present, self.entities, self.series = present, entities, series
+        self.blocks: dict[int, tuple[int, int, int]] = {}  # code -> reduction, first row, rows
+        self.used = [0, 0, 0, 0]
+        for code in np.unique(cols["group"][present]).tolist():
+            table, signal = divmod(code, len(SIGNALS))
+            how = int(_REDUCE_OF_SIGNAL[signal])
+            size = len(entities[table][0]) * (MAX_STACKS if signal == _STACK else 1)
+            self.blocks[code] = (how, self.used[how], size)
+            self.used[how] += size
+        first = np.zeros(len(SIGNALS) * len(TABLES), np.int64)
+        for code, (_, start, _) in self.blocks.items():
+            first[code] = start
+        group, stack = cols["group"][present], cols["_stack"][present]
+        at = np.where(stack >= 0, rows[present] * MAX_STACKS + stack, rows[present])
+        self.dest = np.zeros(len(rows), np.int64)  # row in its reduction's array
+        self.dest[present] = first[group] + at
+        self.how = cols["reduce"]
+        main = np.where(cols["kind"] > 0, SUM, LAST)
+        self.minor = self.how != main
+        self.main_row = np.where(self.minor, np.asarray(self.used)[main], self.dest)
+
+    def name(self, frame: Frame) -> None:
+        """The frame's entities (fresh lists) and its series index."""
+        for ents, (keys, labels, index) in zip(
+            (frame.gpus, frame.workloads, frame.targets), self.entities, strict=True
+        ):
+            ents.keys, ents.labels, ents.index = list(keys), list(labels), dict(index)
+        assert isinstance(frame.series, SeriesIndex)
+        frame.series._slots.update(self.series)
+
+
+class _Grid:
+    """One frame's arrays, one per reduction, laid out as the plan says.
+
+    Laying all samples down is one scatter for the last value, one ``bincount`` for sums
+    and means and one ``maximum.at``: no sort of the samples by signal, and each cell sees
+    its samples in the order they come, as the cell-by-cell reductions did.
+    """
+
+    def __init__(self, plan: _Plan, steps: int) -> None:
+        self.plan, self.steps, used = plan, steps, plan.used
+        # One scratch row past the blocks of each reduction that samples may skip into.
+        self.last = np.full((used[LAST] + 1) * steps, np.nan)
+        self.sums = [np.zeros((used[h] + 1) * steps) for h in (MEAN, SUM)]
+        self.counts = [np.zeros((used[h] + 1) * steps, np.int64) for h in (MEAN, SUM)]
+        self.high = np.full((used[MAX] + 1) * steps, -np.inf)
+
+    def lay(self, s: _Samples, main: int) -> None:
+        """Lay samples whose reduction is mostly ``main`` (LAST for gauges, SUM for counters):
+        all in one pass, the others' landing in a scratch row; then the others by theirs."""
+        if len(s.slot) == 0:
+            return
+        plan = self.plan
+        minor = np.flatnonzero(plan.minor[s.slot])
+        if len(minor):
+            slot = s.slot[minor]
+            how, flat = plan.how[slot], plan.dest[slot] * self.steps + s.col[minor]
+            for other in np.unique(how).tolist():
+                at = np.flatnonzero(how == other)
+                self._reduce(other, flat[at], s.value[minor[at]])
+        self._reduce(main, plan.main_row[s.slot] * self.steps + s.col, s.value)
+
+    def _reduce(self, how: int, flat: np.ndarray, value: np.ndarray) -> None:
+        if how == LAST:
+            self.last[flat] = value  # in order: the last sample of a cell stays
+        elif how == MAX:
+            np.maximum.at(self.high, flat, value)
+        else:
+            k = 0 if how == MEAN else 1
+            size = len(self.sums[k])
+            self.sums[k] += np.bincount(flat, weights=value, minlength=size)
+            self.counts[k] += np.bincount(flat, minlength=size)
+
+    def fill(self, frame: Frame) -> None:
+        """Each signal's block as the frame's (entities, steps) array; stacks (G, 8, T)."""
+        with np.errstate(invalid="ignore"):
+            mean = self.sums[0] / self.counts[0]
+        total = np.where(self.counts[1] > 0, self.sums[1], np.nan)
+        self.high[np.isinf(self.high)] = np.nan
+        arrays = (self.last, mean, self.high, total)
+        out = (frame.gpu, frame.wl, frame.tgt)
+        frame.stacks = np.full((len(frame.gpus), MAX_STACKS, self.steps), np.nan)
+        for code, (how, start, size) in self.plan.blocks.items():
+            table, signal = divmod(code, len(SIGNALS))
+            block = arrays[how][start * self.steps : (start + size) * self.steps]
+            if signal == _STACK:
+                frame.stacks = block.reshape(-1, MAX_STACKS, self.steps)
+            else:
+                out[table][SIGNALS[signal]] = block.reshape(size, self.steps)
+
+
+_STACK = SIGNAL_CODE["stack"]

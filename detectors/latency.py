@@ -164,39 +164,49 @@ class LatencyRegressions:
         self.open_ = Hysteresis(
             enter=1.0, exit=0.5, min_on_s=self.min_on_s, min_off_s=self.min_off_s
         )
+        self._rows: tuple[list[str], _Rows] | None = None  # rows into the tables above
 
     # -- the update -------------------------------------------------------------------------
     def update(self, frame: Frame) -> list[Finding]:
         n = len(frame.workloads)
         if n == 0 or frame.steps == 0:
             return []
-        keys = frame.workloads.keys
         trace = self._inputs(frame)
         with np.errstate(all="ignore"):
             x = np.log(np.where(trace.p99 > 0, trace.p99, np.nan))
             x = np.where(trace.win >= trace.need[:, None], x, np.nan)
             x50 = np.log(np.where(trace.p50 > 0, trace.p50, np.nan))
         dt_s = frame.step_ms / 1000.0
-        rows = _Rows(
-            self.base_.rows(keys), self.season_.rows(keys), self.cusum_.rows(keys),
-            self.wl_.rows(keys), self.open_.table.rows(keys),
-        )  # fmt: skip
+        rows = self._rows_for(frame.workloads.keys)
+        base = self.base_.local(rows.base)  # the loop learns a copy, stored at the end
         findings: list[Finding] = []
         shape, shape_bin = np.zeros(n), -1
         scores = np.full((n, frame.steps), np.nan)
         for i, t_ms in enumerate(frame.times_ms.tolist()):
             if self._bin(t_ms) != shape_bin:  # the shape is looked up once per bin a frame
-                shape, shape_bin = self._daily_shape(rows, t_ms), self._bin(t_ms)
+                shape, shape_bin = self._daily_shape(rows, base, t_ms), self._bin(t_ms)
             is_open = self.open_.table["open"][rows.open] > 0
-            score = self._step(rows, trace, i, t_ms, x[:, i], x50[:, i], shape, is_open, dt_s)
+            score = self._step(rows, base, trace, i, t_ms, (x[:, i], x50[:, i]), shape, is_open,
+                               dt_s)  # fmt: skip
             scores[:, i] = score
             findings += self._decide(frame, trace, rows, i, t_ms, score, is_open)
+        self.base_.store(rows.base, base)
         frame.scores[self.name] = scores
         if frame.context is not None:
             signals = {"lat_excess": trace.excess, "requests": frame.w("requests")}
             frame.context.append_workloads(frame, signals)
         findings += self._refresh_open(frame, trace)
         return latest(findings)
+
+    def _rows_for(self, keys: list[str]) -> _Rows:
+        """The workloads' rows in each state table, kept while the workloads stay the same."""
+        if self._rows is None or self._rows[0] != keys:
+            rows = _Rows(
+                self.base_.rows(keys), self.season_.rows(keys), self.cusum_.rows(keys),
+                self.wl_.rows(keys), self.open_.table.rows(keys),
+            )  # fmt: skip
+            self._rows = (list(keys), rows)
+        return self._rows[1]
 
     def _inputs(self, frame: Frame) -> _Trace:
         n, steps = len(frame.workloads), frame.steps
@@ -214,20 +224,25 @@ class LatencyRegressions:
     def _step(
         self,
         rows: _Rows,
+        base_state: dict[str, np.ndarray],
         trace: _Trace,
         i: int,
         t_ms: int,
-        x: np.ndarray,
-        x50: np.ndarray,
+        logs: tuple[np.ndarray, np.ndarray],
         shape: np.ndarray,
         is_open: np.ndarray,
         dt_s: float,
     ) -> np.ndarray:
-        """Score one time step for every workload, then learn from it."""
+        """Score one time step for every workload, then learn from it.
+
+        ``base_state`` is the baseline's copy of the workloads' rows (``TrendBaseline.local``);
+        ``logs`` are log p99 (NaN without enough requests) and log p50 at this step.
+        """
+        x, x50 = logs
         adj = x - shape
-        pred = self.base_.predict(rows.base, t_ms)
-        dev = self.base_.deviation(rows.base, adj, t_ms)
-        z = dev / self.base_.scale(rows.base)
+        pred = self.base_.predict_local(base_state, t_ms)
+        dev = self.base_.deviation_local(base_state, adj, t_ms)
+        z = dev / self.base_.scale_local(base_state)
         cus = self.cusum_.update(rows.cusum, z)
         base = np.exp(pred + shape)
         score, effect = self._score(dev, cus, trace.p99[:, i], base, trace.res[:, i], is_open)
@@ -238,7 +253,7 @@ class LatencyRegressions:
         trace.cusum[:, i] = cus
         suspect = is_open | (np.nan_to_num(effect) >= 1.0)
         learn = np.where(suspect, self.open_learn_rate, 1.0)
-        self.base_.learn_one(rows.base, adj, t_ms, learn)
+        self.base_.learn_local(base_state, adj, t_ms, learn)
         self._learn_levels(rows, x, x50, t_ms, learn, dt_s)
         return score
 
@@ -247,14 +262,14 @@ class LatencyRegressions:
         period = self.season_period_s
         return int((t_ms / 1000.0 % period) / period * self.season_bins)
 
-    def _daily_shape(self, rows: _Rows, t_ms: int) -> np.ndarray:
+    def _daily_shape(self, rows: _Rows, base_state: dict[str, np.ndarray], t_ms: int) -> np.ndarray:
         """The learned daily shape at ``t_ms`` (0 until learned), in log units."""
         shape = -self.season_.adjust(rows.season, np.zeros(len(rows.season)), t_ms)
         ready = self.season_.ready(rows.season)
         # When the shape first applies, move the level with it so the prediction stays put.
         starts = ready & (self.wl_["ready_"][rows.wl] == 0)
         if starts.any():
-            self.base_.table["level_"][rows.base[starts]] -= shape[starts]
+            base_state["level_"][starts] -= shape[starts]
         self.wl_["ready_"][rows.wl] = ready.astype(float)
         return shape
 

@@ -11,6 +11,7 @@ few seconds.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -146,6 +147,7 @@ class DataQuality:
         self.resets_: dict[str, list[list[int]]] = {}
         # Every score is normalised so 1 is its threshold; durations live in the scores.
         self.open_ = Hysteresis(enter=1.0, exit=1.0, min_on_s=0.0, min_off_s=0.0)
+        self._layout: _Layout | None = None  # rows into the tables above: reset with them
 
     def _check(self) -> None:
         if min(self.stuck_s, self.gap_s, self.reset_window_s, self.sentinel_quiet_s) <= 0:
@@ -160,18 +162,9 @@ class DataQuality:
             return []
         findings: list[Finding] = []
         g_keys, t_keys = frame.gpus.keys, frame.targets.keys
-        gates = [
-            SparseGate(self.open_, [f"stuck|{g}|{s}" for g in g_keys for s in TEMPS]),
-            SparseGate(self.open_, [f"gap|{g}|" for g in g_keys]),
-        ] + [
-            SparseGate(self.open_, [f"{c}|{t}|" for t in t_keys])
-            for c in ("target_down", "sentinel")
-        ]
-        tables = (
-            (self.stuck_, self.stuck_.rows([f"{g}|{s}" for g in g_keys for s in TEMPS])),
-            (self.seen_, self.seen_.rows([f"{g}|{s}" for g in g_keys for s in GAPS])),
-            (self.targets_, self.targets_.rows(t_keys)),
-        )
+        lay = self._layout_for(g_keys, t_keys)
+        gates = [SparseGate(self.open_, keys, rows) for keys, rows in lay.gates]
+        tables = tuple(zip((self.stuck_, self.seen_, self.targets_), lay.rows, strict=True))
         # Each check works on local copies of its rows, written back before a finding reads them.
         local = [{f: table[f][rows] for f in table.fields} for table, rows in tables]
 
@@ -180,7 +173,7 @@ class DataQuality:
                 for f, values in arrays.items():
                     table[f][rows] = values
 
-        prow = self.gpus_.rows(g_keys)
+        prow = lay.prow
         temps, gaps = _values(frame, TEMPS), _values(frame, GAPS)
         power, bw = frame.g("power"), frame.g("bw")
         scale = np.fmax(
@@ -213,6 +206,14 @@ class DataQuality:
             if self._present(frame, key)
         ]
         return latest(findings)
+
+    def _layout_for(self, g_keys: list[str], t_keys: list[str]) -> _Layout:
+        """Keys and rows for these GPUs and targets, kept while they stay the same: making
+        and looking up 25,000 keys took a third of the update on a 1,024-GPU fleet."""
+        lay = self._layout
+        if lay is None or lay.g_keys != g_keys or lay.t_keys != t_keys:
+            lay = self._layout = _Layout.of(self, list(g_keys), list(t_keys))
+        return lay
 
     def _stuck_step(
         self,
@@ -470,6 +471,33 @@ class DataQuality:
             g: [[int(a), int(b)] for a, b in ev] for g, ev in state.get("resets", {}).items()
         }
         self.open_.load_state_dict(state.get("open", {}))
+
+
+@dataclass
+class _Layout:
+    """The keys of a fleet's checks and their rows in the state tables."""
+
+    g_keys: list[str]
+    t_keys: list[str]
+    gates: list[tuple[list[str], np.ndarray]]  # stuck, gap, target_down, sentinel
+    rows: tuple[np.ndarray, np.ndarray, np.ndarray]  # stuck_, seen_, targets_
+    prow: np.ndarray  # gpus_
+
+    @classmethod
+    def of(cls, det: DataQuality, g_keys: list[str], t_keys: list[str]) -> _Layout:
+        gate_keys = [
+            [f"stuck|{g}|{s}" for g in g_keys for s in TEMPS],
+            [f"gap|{g}|" for g in g_keys],
+            *([f"{c}|{t}|" for t in t_keys] for c in ("target_down", "sentinel")),
+        ]
+        return cls(
+            g_keys, t_keys,
+            [(keys, det.open_.table.rows(keys)) for keys in gate_keys],
+            (det.stuck_.rows([f"{g}|{s}" for g in g_keys for s in TEMPS]),
+             det.seen_.rows([f"{g}|{s}" for g in g_keys for s in GAPS]),
+             det.targets_.rows(t_keys)),
+            det.gpus_.rows(g_keys),
+        )  # fmt: skip
 
 
 def _rowmax(a: np.ndarray) -> np.ndarray:

@@ -71,9 +71,6 @@ class RootCause:
     is redone every cycle for ``rank_for_s`` after a regression starts, then kept.
     """
 
-    #: Reads the findings of the detectors before it: the runner runs it after them.
-    reads_findings = True
-
     name = "rootcause"
 
     def __init__(

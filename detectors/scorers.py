@@ -70,20 +70,41 @@ class TrendBaseline:
     def rows(self, keys: Sequence[str]) -> np.ndarray:
         return self.table.rows(keys)
 
+    def local(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Copies of these rows' state, for a loop over steps that writes back once.
+
+        The ``*_local`` methods work on such copies: a detector stepping 10,000 sensors 60
+        times a frame saves a gather and a scatter per field and step (``store`` writes back).
+        """
+        return {name: self.table[name][rows] for name in self.table.fields}
+
+    def store(self, rows: np.ndarray, local: Mapping[str, np.ndarray]) -> None:
+        for name, values in local.items():
+            self.table[name][rows] = values
+
     def predict(self, rows: np.ndarray, t_ms: int | np.ndarray) -> np.ndarray:
-        t = self.table
-        dt = np.nan_to_num((t_ms - t["last_ms_"][rows]) / 1000.0)
-        return t["level_"][rows] + t["trend_"][rows] * dt
+        return self.predict_local(self.local(rows), t_ms)
+
+    @staticmethod
+    def predict_local(s: Mapping[str, np.ndarray], t_ms: int | np.ndarray) -> np.ndarray:
+        dt = np.nan_to_num((t_ms - s["last_ms_"]) / 1000.0)
+        return s["level_"] + s["trend_"] * dt  # type: ignore[no-any-return]
 
     def scale(self, rows: np.ndarray) -> np.ndarray:
-        return np.fmax(
-            np.nan_to_num(self.table["scale_"][rows], nan=self.min_scale), self.min_scale
-        )
+        return self.scale_local({"scale_": self.table["scale_"][rows]})
+
+    def scale_local(self, s: Mapping[str, np.ndarray]) -> np.ndarray:
+        return np.fmax(np.nan_to_num(s["scale_"], nan=self.min_scale), self.min_scale)
 
     def deviation(self, rows: np.ndarray, x: np.ndarray, t_ms: int | np.ndarray) -> np.ndarray:
         """``x`` minus the prediction, NaN during warm-up or without data."""
-        ready = self.table["seen_s_"][rows] >= self.warmup_s
-        return np.where(ready, x - self.predict(rows, t_ms), np.nan)
+        return self.deviation_local(self.local(rows), x, t_ms)
+
+    def deviation_local(
+        self, s: Mapping[str, np.ndarray], x: np.ndarray, t_ms: int | np.ndarray
+    ) -> np.ndarray:
+        ready = s["seen_s_"] >= self.warmup_s
+        return np.where(ready, x - self.predict_local(s, t_ms), np.nan)
 
     def score_one(self, rows: np.ndarray, x: np.ndarray, t_ms: int | np.ndarray) -> np.ndarray:
         z = self.deviation(rows, x, t_ms) / self.scale(rows)
@@ -97,43 +118,63 @@ class TrendBaseline:
         learn: np.ndarray | float = 1.0,
     ) -> None:
         """Learn one step; ``learn`` (0..1 per entity) slows learning, 0 freezes it."""
-        t = self.table
         ok = ~np.isnan(x)
         if not ok.any():
             return
-        r, x = rows[ok], x[ok]
+        rows = rows[ok]
         rate = np.broadcast_to(np.asarray(learn, dtype=float), ok.shape)[ok]
         t_now = np.broadcast_to(np.asarray(t_ms, dtype=float), ok.shape)[ok]
-        last = t["last_ms_"][r]
-        fresh = np.isnan(last) | np.isnan(t["level_"][r])
-        dt = np.where(fresh, 1.0, np.clip((t_now - last) / 1000.0, 1e-3, 3600.0))
-        pred = t["level_"][r] + t["trend_"][r] * dt
-        scale = np.fmax(np.nan_to_num(t["scale_"][r], nan=self.min_scale), self.min_scale)
-        # Warm-up averages plainly (no clipping, no trend), so a first value that is off
-        # (a short first window, a cold start) is forgotten by the end of the warm-up.
-        warm = t["seen_s_"][r] < self.warmup_s
-        first = 1.0 / (t["n_"][r] + 1.0)
-        resid = np.where(warm, x - pred, np.clip(x - pred, -self.clip * scale, self.clip * scale))
-        a_level = decay(dt, self.level_half_life_s)
-        a = np.where(warm, np.fmax(a_level, first), a_level) * rate
-        b = np.where(warm, 0.0, decay(dt, self.trend_half_life_s)) * rate
-        level = np.where(fresh, x, pred + a * resid)
-        trend = np.where(
-            fresh, 0.0, t["trend_"][r] + b * ((level - t["level_"][r]) / dt - t["trend_"][r])
-        )
-        a_scale = decay(dt, self.scale_half_life_s)
-        c = np.where(warm, np.fmax(a_scale, first), a_scale) * rate
-        scale_new = np.where(
-            np.isnan(t["scale_"][r]),
-            self.min_scale,
-            t["scale_"][r] + c * (1.25 * np.abs(resid) - t["scale_"][r]),
-        )
-        t["level_"][r] = level
-        t["trend_"][r] = trend
-        t["scale_"][r] = scale_new
-        t["seen_s_"][r] += np.where(fresh, 0.0, dt * (rate > 0))
-        t["last_ms_"][r] = t_now
-        t["n_"][r] += rate > 0
+        local = self.local(rows)
+        self.learn_local(local, x[ok], t_now, rate)
+        self.store(rows, local)
+
+    def learn_local(
+        self,
+        s: dict[str, np.ndarray],
+        x: np.ndarray,
+        t_ms: int | np.ndarray,
+        learn: np.ndarray | float = 1.0,
+    ) -> None:
+        """``learn_one`` on copies from ``local``; entities whose ``x`` is NaN keep theirs.
+
+        Every entity is computed and the NaN ones are put back, which for a fleet where
+        nearly all report costs less than picking the reporting ones out first.
+        """
+        ok = ~np.isnan(x)
+        if not ok.any():
+            return
+        rate = np.asarray(learn, dtype=float)
+        t_now = np.asarray(t_ms, dtype=float)
+        last, level0, trend0, scale0 = s["last_ms_"], s["level_"], s["trend_"], s["scale_"]
+        with np.errstate(invalid="ignore", over="ignore"):
+            fresh = np.isnan(last) | np.isnan(level0)
+            dt = np.where(fresh, 1.0, np.clip((t_now - last) / 1000.0, 1e-3, 3600.0))
+            pred = level0 + trend0 * dt
+            scale = np.fmax(np.nan_to_num(scale0, nan=self.min_scale), self.min_scale)
+            # Warm-up averages plainly (no clipping, no trend), so a first value that is off
+            # (a short first window, a cold start) is forgotten by the end of the warm-up.
+            warm = s["seen_s_"] < self.warmup_s
+            first = 1.0 / (s["n_"] + 1.0)
+            resid = np.where(
+                warm, x - pred, np.clip(x - pred, -self.clip * scale, self.clip * scale)
+            )
+            a_level = decay(dt, self.level_half_life_s)
+            a = np.where(warm, np.fmax(a_level, first), a_level) * rate
+            b = np.where(warm, 0.0, decay(dt, self.trend_half_life_s)) * rate
+            level = np.where(fresh, x, pred + a * resid)
+            trend = np.where(fresh, 0.0, trend0 + b * ((level - level0) / dt - trend0))
+            a_scale = decay(dt, self.scale_half_life_s)
+            c = np.where(warm, np.fmax(a_scale, first), a_scale) * rate
+            scale_new = np.where(
+                np.isnan(scale0), self.min_scale, scale0 + c * (1.25 * np.abs(resid) - scale0)
+            )
+        learned = rate > 0
+        s["level_"] = np.where(ok, level, level0)
+        s["trend_"] = np.where(ok, trend, trend0)
+        s["scale_"] = np.where(ok, scale_new, scale0)
+        s["seen_s_"] = np.where(ok, s["seen_s_"] + np.where(fresh, 0.0, dt * learned), s["seen_s_"])
+        s["last_ms_"] = np.where(ok, t_now, last)
+        s["n_"] = np.where(ok, s["n_"] + learned, s["n_"])
 
     def state_dict(self) -> dict[str, Any]:
         return self.table.state_dict()
@@ -263,15 +304,38 @@ def group_median(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np
     """
     if len(values) == 0:
         return np.full(values.shape, np.nan), np.zeros(0, dtype=np.int64)
+    padded, inverse = _by_group(values, groups)
+    present = ~np.isnan(padded).reshape(*padded.shape[:2], -1).all(axis=2)
+    count = present.sum(axis=1)[inverse]
+    return nanmedian(padded, axis=1)[inverse], count
+
+
+def group_median_columns(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``group_median`` of each column of ``values`` (entities x steps) on its own.
+
+    The peer median and count per entity and step, for a whole frame in one call instead of
+    one call a step; the medians are the very numbers each column's call would give.
+
+    >>> med, n = group_median_columns(np.array([[1.0, 4.0], [3.0, np.nan]]), np.array([0, 0]))
+    >>> med.tolist(), n.tolist()
+    ([[2.0, 4.0], [2.0, 4.0]], [[2, 1], [2, 1]])
+    """
+    if len(values) == 0:
+        return np.full(values.shape, np.nan), np.zeros(values.shape, dtype=np.int64)
+    padded, inverse = _by_group(values, groups)
+    count = (~np.isnan(padded)).sum(axis=1)[inverse]
+    return nanmedian(padded, axis=1)[inverse], count
+
+
+def _by_group(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as (groups, largest group, ...) padded with NaN, and each entity's group."""
     labels, inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)
     order = np.argsort(inverse, kind="stable")
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
     position = np.arange(len(order)) - np.repeat(starts, sizes)
     padded = np.full((len(labels), int(sizes.max()), *values.shape[1:]), np.nan)
     padded[inverse[order], position] = values[order]
-    present = ~np.isnan(padded).reshape(*padded.shape[:2], -1).all(axis=2)
-    count = present.sum(axis=1)[inverse]
-    return nanmedian(padded, axis=1)[inverse], count
+    return padded, inverse
 
 
 def robust_z(values: np.ndarray, groups: np.ndarray, min_scale: float) -> np.ndarray:

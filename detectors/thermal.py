@@ -21,8 +21,11 @@ the thresholds) and minimum durations keep one noisy sample from opening or clos
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,15 +33,16 @@ from detectors.base import (
     EntityTable,
     Episode,
     Hysteresis,
+    SparseGate,
     latest,
     make_finding,
     nanmedian,
     quiet_nan,
 )
 from detectors.frame import MAX_STACKS, Frame
-from detectors.scorers import TrendBaseline, decay, group_median
+from detectors.scorers import TrendBaseline, decay, group_median_columns
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
-from hbmwatch.skus import lookup
+from hbmwatch.skus import Sku, lookup
 from hbmwatch.taxonomy import Cause, FindingKind
 
 SENSORS = ("memory", "hotspot", *(f"stack{i}" for i in range(MAX_STACKS)))
@@ -121,51 +125,56 @@ class ThermalExcursions:
         self.rack_open_ = Hysteresis(
             enter=1.0, exit=0.4, min_on_s=self.min_on_s, min_off_s=self.min_off_s
         )
+        self._layout: _Layout | None = None  # rows into the tables above: reset with them
 
     # -- the update -------------------------------------------------------------------------
     def update(self, frame: Frame) -> list[Finding]:
         n = len(frame.gpus)
         if n == 0 or frame.steps == 0:
             return []
+        lay = self._layout_for(frame)
         x = self._sensor_values(frame)  # (G, S, T)
-        limits = self._limits(frame)  # (G, S)
-        groups = _peer_groups(frame)
-        keys = [f"{g}#{s}" for g in frame.gpus.keys for s in SENSORS]
-        rows = self.temps_.rows(keys)
-        srows = self.sensors_.rows(keys)
-        drows = self.drivers_.rows([f"{g}#{d}" for g in frame.gpus.keys for d in ("bw", "pw")])
-        frows = self.rate_.rows(frame.gpus.keys)
-        drivers = _drivers(frame)  # (G, 2, T)
-        rise = np.full((n, N_SENSORS, frame.steps), np.nan)
-        excess = np.full((n, N_SENSORS, frame.steps), np.nan)
-        is_open = self.gpu_open_.is_open(frame.gpus.keys)
-        bw_dev = np.full((n, frame.steps), np.nan)
-        scores = np.full((n, frame.steps), np.nan)
+        inputs = _Inputs.of(frame, lay, x, self.margin_c)
+        shape = (frame.steps, n, N_SENSORS)
+        rise, excess = np.full(shape, np.nan), np.full(shape, np.nan)
+        scores = np.full((frame.steps, n), np.nan)
+        bw_dev = np.full((frame.steps, n), np.nan)
+        local = _Locals(self, lay, inputs.live)
+        peer_enter = self._peer_enter()
+        gate = SparseGate(self.gpu_open_, lay.keys)
+        trace = _Trace(x, rise.transpose(1, 2, 0), excess.transpose(1, 2, 0), lay.limits)
+        # Sensors with no value in the frame learn nothing and score nothing: the per-sensor
+        # arithmetic runs on the others (``live``) and leaves theirs NaN.
+        live_rise, live_excess = rise.reshape(frame.steps, -1), excess.reshape(frame.steps, -1)
         findings: list[Finding] = []
         for i, t_ms in enumerate(frame.times_ms.tolist()):
-            d_now = drivers[:, :, i].ravel()
-            d_dev = self.drivers_.deviation(drows, d_now, t_ms).reshape(n, 2)
-            self.drivers_.learn_one(drows, d_now, t_ms)
-            bw_dev[:, i] = d_dev[:, 0]
-            load = np.repeat(d_dev[:, :1], N_SENSORS, axis=1)
-            load[:, 1] = d_dev[:, 1]
-            xi = x[:, :, i].ravel()
-            dev = self.temps_.deviation(rows, xi, t_ms)
-            rise_i, excess_i = self._adjust(srows, dev, load.ravel(), xi, groups, n)
-            rise[:, :, i], excess[:, :, i] = rise_i, excess_i
-            learn = np.repeat(np.where(is_open, 0.02, 1.0), N_SENSORS)
-            self.temps_.learn_one(rows, xi, t_ms, learn)
-            score, gpu_rise = self._score(rise_i, excess_i, x[:, :, i], limits)
-            scores[:, i] = score
-            self.rate_.learn_one(frows, gpu_rise, t_ms)
-            findings += self._step_gpus(frame, i, t_ms, score, x, rise, excess, limits)
-            is_open = self.gpu_open_.is_open(frame.gpus.keys)
-            findings += self._step_racks(frame, t_ms, gpu_rise)
-        frame.derived["thermal_rise"] = quiet_nan(np.nanmax, rise, axis=1)
-        frame.derived["bw_dev"] = bw_dev
-        frame.scores[self.name] = scores
-        findings += self._refresh_open(frame, x, rise, excess, limits)
+            bw_dev[i], d_dev = self._learn_drivers(local.drivers, inputs.drivers[i], t_ms)
+            dev = self.temps_.deviation_local(local.temps, inputs.x[i], t_ms)
+            live_rise[i, inputs.live] = self._rise(local.sensors, dev, d_dev[inputs.load_at])
+            live_excess[i, inputs.live] = self._excess(local.sensors, inputs.gaps[i])
+            learn = np.where(gate.open[inputs.gpu_of], 0.02, 1.0)
+            self.temps_.learn_local(local.temps, inputs.x[i], t_ms, learn)
+            scores[i] = self._score(rise[i], excess[i], inputs.limit_part[i], peer_enter)
+            gpu_rise = nanmedian(rise[i], axis=1)
+            self.rate_.learn_local(local.rate, gpu_rise, t_ms)
+            opened, closed = gate.step(scores[i], t_ms)
+            if opened or closed:
+                local.store()
+                findings += self._step_gpus(frame, i, t_ms, opened, closed, trace)
+            findings += self._step_racks(frame, lay, t_ms, gpu_rise)
+        local.store()
+        frame.derived["thermal_rise"] = quiet_nan(np.nanmax, trace.rise, axis=1)
+        frame.derived["bw_dev"] = np.ascontiguousarray(bw_dev.T)
+        frame.scores[self.name] = np.ascontiguousarray(scores.T)
+        findings += self._refresh_open(frame, lay, trace)
         return latest(findings)
+
+    def _layout_for(self, frame: Frame) -> _Layout:
+        """The fleet's layout, rebuilt only when the frame's GPUs or their labels change."""
+        lay = self._layout
+        if lay is None or lay.keys != frame.gpus.keys or lay.labels != frame.gpus.labels:
+            lay = self._layout = _Layout.of(self, frame)
+        return lay
 
     def _sensor_values(self, frame: Frame) -> np.ndarray:
         return np.concatenate(
@@ -173,71 +182,62 @@ class ThermalExcursions:
             axis=1,
         )
 
-    def _limits(self, frame: Frame) -> np.ndarray:
-        out = np.empty((len(frame.gpus), N_SENSORS))
-        for row, labels in enumerate(frame.gpus.labels):
-            sku = lookup(labels.get("sku", "")) if labels.get("sku") else None
-            mem, hot = (sku.memory_slowdown_c, sku.hotspot_slowdown_c) if sku else DEFAULT_LIMITS
-            out[row] = mem
-            out[row, 1] = hot
-        return out
-
-    def _adjust(
-        self,
-        srows: np.ndarray,
-        dev: np.ndarray,
-        load: np.ndarray,
-        x: np.ndarray,
-        groups: np.ndarray,
-        n: int,
+    def _learn_drivers(
+        self, s: dict[str, np.ndarray], d_now: np.ndarray, t_ms: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Load-adjusted rise over the own baseline, and the excess over peers / siblings."""
-        s = self.sensors_
+        """Each driver's deviation from its baseline (bandwidth and power of each GPU, in
+        turn), learned; and per GPU the bandwidth's, which later detectors read."""
+        d_dev = self.drivers_.deviation_local(s, d_now, t_ms)
+        self.drivers_.learn_local(s, d_now, t_ms)
+        return d_dev[0::2], d_dev
+
+    def _rise(self, s: dict[str, np.ndarray], dev: np.ndarray, load: np.ndarray) -> np.ndarray:
+        """Rise over the own baseline less what the load explains; learns the load slope."""
         ok = ~np.isnan(dev) & ~np.isnan(load)
         a = decay(1.0, self.level_half_life_s)
-        sxy, sxx = s["sxy_"][srows], s["sxx_"][srows]
+        sxy, sxx = s["sxy_"], s["sxx_"]
         beta = np.clip(sxy / np.fmax(sxx, 1e-9), 0.0, 60.0)
         beta = np.where(sxx > 1e-6, beta, 0.0)
         rise = dev - beta * np.nan_to_num(load)
         # Learn the load slope from small moves only: a fault's big rise must not teach it.
         calm = ok & (np.abs(dev) < 4.0)
-        s["sxy_"][srows] = np.where(calm, sxy + a * (dev * load - sxy), sxy)
-        s["sxx_"][srows] = np.where(calm, sxx + a * (load * load - sxx), sxx)
-        gap = _gaps(x.reshape(n, N_SENSORS), groups)
-        excess = self._excess(srows, gap.ravel())
-        return rise.reshape(n, N_SENSORS), excess.reshape(n, N_SENSORS)
+        s["sxy_"] = np.where(calm, sxy + a * (dev * load - sxy), sxy)
+        s["sxx_"] = np.where(calm, sxx + a * (load * load - sxx), sxx)
+        return rise
 
-    def _excess(self, srows: np.ndarray, gap: np.ndarray) -> np.ndarray:
-        s = self.sensors_
-        usual = s["gap_"][srows]
-        seen = s["gap_seen_"][srows]
+    def _excess(self, s: dict[str, np.ndarray], gap: np.ndarray) -> np.ndarray:
+        """The gap to peers / sibling stacks less the usual gap, which it learns when quiet."""
+        usual = s["gap_"]
+        seen = s["gap_seen_"]
         excess = np.where(seen >= self.warmup_s, gap - usual, np.nan)
         ok = ~np.isnan(gap)
         a = np.where(seen < self.warmup_s, 1.0 / (seen + 1.0), decay(1.0, self.offset_half_life_s))
         quiet = ok & ~(np.nan_to_num(excess) > self.stack_enter_c / 2)
-        s["gap_"][srows] = np.where(
+        s["gap_"] = np.where(
             quiet, np.where(np.isnan(usual), gap, usual + a * (gap - np.nan_to_num(usual))), usual
         )
-        s["gap_seen_"][srows] = seen + quiet
+        s["gap_seen_"] = seen + quiet
         return excess
 
     def _score(
-        self, rise: np.ndarray, excess: np.ndarray, x: np.ndarray, limits: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Per GPU: how far past its nearest threshold (1 = at it), and its largest rise."""
+        self, rise: np.ndarray, excess: np.ndarray, limit_part: np.ndarray, peer_enter: np.ndarray
+    ) -> np.ndarray:
+        """Per GPU: how far past its nearest threshold (1 = at it); NaN without data.
+
+        The largest of the three parts over every sensor, NaN parts left out.  ``fmax``
+        skips NaN as the former stack of parts with NaN set to -inf did, and mapping
+        infinities to the largest floats after the maximum gives what mapping them before
+        did, because that mapping keeps order.
+        """
         with np.errstate(all="ignore"):
-            peer_enter = np.r_[self.peer_enter_c, self.peer_enter_c, [self.stack_enter_c] * 8]
-            parts = np.stack(
-                [
-                    rise / self.rise_enter_c,
-                    excess / peer_enter[None, :],
-                    (x - (limits - self.margin_c)) / self.margin_c + 1.0,
-                ]
-            )
-            score = np.nanmax(np.nan_to_num(parts, nan=-np.inf).max(axis=0), axis=1)
-            gpu_rise = nanmedian(rise, axis=1)
-        score = np.where(np.isinf(score), np.nan, score)
-        return score, gpu_rise
+            part = np.fmax(rise / self.rise_enter_c, excess / peer_enter)
+            part = np.fmax(part, limit_part)
+        score = np.nan_to_num(part, nan=-np.inf).max(axis=1)
+        return np.where(np.isinf(score), np.nan, score)
+
+    def _peer_enter(self) -> np.ndarray:
+        """Each sensor's peer threshold: memory and hotspot against peers, stacks siblings."""
+        return np.r_[self.peer_enter_c, self.peer_enter_c, [self.stack_enter_c] * MAX_STACKS]
 
     # -- per-GPU findings ----------------------------------------------------------------
     def _step_gpus(
@@ -245,23 +245,20 @@ class ThermalExcursions:
         frame: Frame,
         i: int,
         t_ms: int,
-        score: np.ndarray,
-        x: np.ndarray,
-        rise: np.ndarray,
-        excess: np.ndarray,
-        limits: np.ndarray,
+        opened: list[str],
+        closed: list[str],
+        trace: _Trace,
     ) -> list[Finding]:
-        keys = frame.gpus.keys
-        opened, closed = self.gpu_open_.step(keys, score, t_ms)
+        """Findings for the GPUs that opened and closed at step ``i``."""
         out = []
         for key in opened:
             row = frame.gpus.index[key]
             start = int(self.gpu_open_.over_since(key))
             self.gpu_open_.episodes[key] = Episode(started_ms=start, raised_ms=t_ms)
-            out.append(self._gpu_finding(frame, row, i, t_ms, x, rise, excess, limits))
+            out.append(self._gpu_finding(frame, row, i, t_ms, trace))
         for key in closed:
             row = frame.gpus.index[key]
-            out.append(self._gpu_finding(frame, row, i, t_ms, x, rise, excess, limits, end=t_ms))
+            out.append(self._gpu_finding(frame, row, i, t_ms, trace, end=t_ms))
             self.gpu_open_.episodes.pop(key, None)
         return out
 
@@ -271,19 +268,17 @@ class ThermalExcursions:
         row: int,
         i: int,
         t_ms: int,
-        x: np.ndarray,
-        rise: np.ndarray,
-        excess: np.ndarray,
-        limits: np.ndarray,
+        trace: _Trace,
         end: int | None = None,
     ) -> Finding:
         key = frame.gpus.keys[row]
         labels = frame.gpus.labels[row]
         ep = self.gpu_open_.episodes.get(key) or Episode(t_ms, t_ms)
-        xs, rs, es = x[row, :, i], rise[row, :, i], excess[row, :, i]
+        xs, rs, es = trace.x[row, :, i], trace.rise[row, :, i], trace.excess[row, :, i]
+        limits = trace.limits
         worst = self._worst_sensor(xs, rs, es, limits[row])
         sensor = SENSORS[worst]
-        ep.peak = max(ep.peak, float(np.nan_to_num(xs[worst])))
+        ep.peak = max(ep.peak, _f(xs[worst]))
         rate_row = self.rate_.rows([key])[0]
         rate = float(self.rate_.table["trend_"][rate_row]) * 60.0
         headroom = float(limits[row, worst] - xs[worst])
@@ -314,15 +309,10 @@ class ThermalExcursions:
         self, x: np.ndarray, rise: np.ndarray, excess: np.ndarray, limits: np.ndarray
     ) -> int:
         """The sensor furthest past any of its thresholds, as ``_score`` weighs them."""
-        peer_enter = np.r_[self.peer_enter_c, self.peer_enter_c, [self.stack_enter_c] * 8]
         with np.errstate(all="ignore"):
-            parts = np.stack([
-                rise / self.rise_enter_c,
-                excess / peer_enter,
-                (x - (limits - self.margin_c)) / self.margin_c + 1.0,
-            ])  # fmt: skip
-            per_sensor = np.nan_to_num(parts, nan=-np.inf).max(axis=0)
-        per_sensor = np.where(np.isnan(x), -np.inf, per_sensor)
+            part = np.fmax(rise / self.rise_enter_c, excess / self._peer_enter())
+            part = np.fmax(part, (x - (limits - self.margin_c)) / self.margin_c + 1.0)
+        per_sensor = np.where(np.isnan(x), -np.inf, np.nan_to_num(part, nan=-np.inf))
         return int(np.argmax(per_sensor)) if np.isfinite(per_sensor).any() else 0
 
     def _sensor_series(self, frame: Frame, key: str, sensor: str) -> str:
@@ -395,38 +385,38 @@ class ThermalExcursions:
         return Cause(ep.extra["cause"]), ep.extra["note"]
 
     # -- rack-wide findings ----------------------------------------------------------------
-    def _step_racks(self, frame: Frame, t_ms: int, gpu_rise: np.ndarray) -> list[Finding]:
-        racks: dict[str, list[int]] = {}
-        for row, labels in enumerate(frame.gpus.labels):
-            racks.setdefault(f"{labels.get('cluster', '')}/{labels.get('rack', '')}", []).append(
-                row
-            )
-        keys = list(racks)
-        rrows = self.racks_.rows(keys)
-        score = np.full(len(keys), np.nan)
-        for j, (_rkey, members) in enumerate(racks.items()):
-            r = gpu_rise[members]
-            r = r[~np.isnan(r)]
-            if len(r) < self.rack_min_gpus:
-                continue
-            row = rrows[j]
-            last = self.racks_["last_ms_"][row]
-            a = decay((t_ms - last) / 1000.0 if not np.isnan(last) else 1.0, self.rack_half_life_s)
-            self.racks_["rise_"][row] += a * (float(r.mean()) - self.racks_["rise_"][row])
-            self.racks_["frac_"][row] += a * (float((r > 0.5).mean()) - self.racks_["frac_"][row])
-            self.racks_["last_ms_"][row] = t_ms
-            frac_ok = self.racks_["frac_"][row] >= self.rack_fraction
-            score[j] = self.racks_["rise_"][row] / self.rack_enter_c if frac_ok else 0.0
-        opened, closed = self.rack_open_.step(keys, score, t_ms)
+    def _step_racks(
+        self, frame: Frame, lay: _Layout, t_ms: int, gpu_rise: np.ndarray
+    ) -> list[Finding]:
+        score = self._rack_scores(lay, t_ms, gpu_rise)
+        opened, closed = self.rack_open_.step(lay.rack_keys, score, t_ms)
         out = []
         for key in opened:
             start = int(self.rack_open_.over_since(key))
             self.rack_open_.episodes[key] = Episode(started_ms=start, raised_ms=t_ms)
-            out.append(self._rack_finding(frame, key, racks[key], t_ms))
+            out.append(self._rack_finding(frame, key, lay.racks[key], t_ms))
         for key in closed:
-            out.append(self._rack_finding(frame, key, racks[key], t_ms, end=t_ms))
+            out.append(self._rack_finding(frame, key, lay.racks[key], t_ms, end=t_ms))
             self.rack_open_.episodes.pop(key, None)
         return out
+
+    def _rack_scores(self, lay: _Layout, t_ms: int, gpu_rise: np.ndarray) -> np.ndarray:
+        """Each rack's smoothed mean rise (1 = at ``rack_enter_c``) while most GPUs rise;
+        NaN for a rack with fewer than ``rack_min_gpus`` GPUs reporting."""
+        mean, frac = lay.rack_means(gpu_rise, self.rack_min_gpus)
+        score = np.full(len(lay.rack_keys), np.nan)
+        live = np.flatnonzero(~np.isnan(mean))
+        if len(live) == 0:
+            return score
+        t, rows = self.racks_, lay.rack_rows[live]
+        last = t["last_ms_"][rows]
+        a = decay(np.where(np.isnan(last), 1.0, (t_ms - last) / 1000.0), self.rack_half_life_s)
+        t["rise_"][rows] += a * (mean[live] - t["rise_"][rows])
+        t["frac_"][rows] += a * (frac[live] - t["frac_"][rows])
+        t["last_ms_"][rows] = t_ms
+        frac_ok = t["frac_"][rows] >= self.rack_fraction
+        score[live] = np.where(frac_ok, t["rise_"][rows] / self.rack_enter_c, 0.0)
+        return score
 
     def _rack_finding(
         self, frame: Frame, rkey: str, members: list[int], t_ms: int, end: int | None = None
@@ -453,27 +443,17 @@ class ThermalExcursions:
             causes=[RankedCause(cause, 0.8, summary=note), RankedCause(other, 0.2)],
         )  # fmt: skip
 
-    def _refresh_open(
-        self,
-        frame: Frame,
-        x: np.ndarray,
-        rise: np.ndarray,
-        excess: np.ndarray,
-        limits: np.ndarray,
-    ) -> list[Finding]:
+    def _refresh_open(self, frame: Frame, lay: _Layout, trace: _Trace) -> list[Finding]:
         """Open findings, re-stated with this frame's numbers (their causes may sharpen)."""
         last = frame.steps - 1
         t_ms = int(frame.times_ms[last])
         out = []
         for key in self.gpu_open_.episodes:
             row = frame.gpus.index.get(key)
-            if row is not None and not np.isnan(x[row, :, last]).all():
-                out.append(self._gpu_finding(frame, row, last, t_ms, x, rise, excess, limits))
+            if row is not None and not np.isnan(trace.x[row, :, last]).all():
+                out.append(self._gpu_finding(frame, row, last, t_ms, trace))
         for rack_key in self.rack_open_.episodes:
-            members = [
-                r for r, lab in enumerate(frame.gpus.labels)
-                if f"{lab.get('cluster', '')}/{lab.get('rack', '')}" == rack_key
-            ]  # fmt: skip
+            members = lay.racks.get(rack_key)
             if members:
                 out.append(self._rack_finding(frame, rack_key, members, t_ms))
         return out
@@ -502,23 +482,175 @@ class ThermalExcursions:
 
 
 def _f(value: float) -> float:
-    return float(np.nan_to_num(value))
+    """``float(np.nan_to_num(value))`` for one number, without numpy's per-call cost."""
+    v = float(value)
+    if math.isnan(v):
+        return 0.0
+    return math.copysign(sys.float_info.max, v) if math.isinf(v) else v
 
 
-def _peer_groups(frame: Frame) -> np.ndarray:
+#: Which driver loads each sensor: bandwidth (0) for memory and stacks, power (1) for hotspot.
+_SENSOR_DRIVER = np.array([0, 1] + [0] * MAX_STACKS)
+
+
+@dataclass
+class _Layout:
+    """What the frames of an unchanged fleet share: state rows, peers, racks and limits.
+
+    Built when the frame's GPUs or their labels change and kept otherwise (the builder
+    hands the same fleet every cycle), which saves making and looking up 10,000 sensor
+    keys and a Python pass over the GPUs' labels every step.
+    """
+
+    keys: list[str]
+    labels: list[dict[str, str]]
+    rows: np.ndarray  # temps_ rows, one per GPU and sensor
+    srows: np.ndarray  # sensors_ rows, the same keys
+    drows: np.ndarray  # drivers_ rows, bandwidth and power per GPU
+    frows: np.ndarray  # rate_ rows, one per GPU
+    groups: np.ndarray  # peer group (cluster, rack, SKU) per GPU
+    limits: np.ndarray  # (G, S): slowdown limit per sensor
+    board: np.ndarray  # (G,): board power, the power scale when no limit is reported
+    rack_keys: list[str]  # in order of first appearance, as racks step
+    rack_rows: np.ndarray  # racks_ rows
+    racks: dict[str, list[int]]  # rack key -> its GPUs' rows
+    buckets: list[tuple[np.ndarray, np.ndarray]]  # racks of one size: (racks, (R, k) rows)
+
+    @classmethod
+    def of(cls, det: ThermalExcursions, frame: Frame) -> _Layout:
+        keys, labels = list(frame.gpus.keys), [dict(lab) for lab in frame.gpus.labels]
+        sensor_keys = [f"{g}#{s}" for g in keys for s in SENSORS]
+        racks: dict[str, list[int]] = {}
+        for row, lab in enumerate(labels):
+            racks.setdefault(f"{lab.get('cluster', '')}/{lab.get('rack', '')}", []).append(row)
+        by_size: dict[int, list[int]] = {}
+        for j, members in enumerate(racks.values()):
+            by_size.setdefault(len(members), []).append(j)
+        members = list(racks.values())
+        skus = {lab.get("sku", "") for lab in labels}
+        found = {sku: lookup(sku) if sku else None for sku in skus}
+        return cls(
+            keys=keys, labels=labels,
+            rows=det.temps_.rows(sensor_keys), srows=det.sensors_.rows(sensor_keys),
+            drows=det.drivers_.rows([f"{g}#{d}" for g in keys for d in ("bw", "pw")]),
+            frows=det.rate_.rows(keys), groups=_peer_groups(labels),
+            limits=_limits([found[lab.get("sku", "")] for lab in labels]),
+            board=np.array([_board_power(found[lab.get("sku", "")]) for lab in labels]),
+            rack_keys=list(racks), rack_rows=det.racks_.rows(list(racks)), racks=racks,
+            buckets=[(np.array(js), np.array([members[j] for j in js])) for js in by_size.values()],
+        )  # fmt: skip
+
+    def rack_means(self, gpu_rise: np.ndarray, min_gpus: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per rack the mean rise of its reporting GPUs and the fraction rising over 0.5 C;
+        NaN for a rack with fewer than ``min_gpus`` reporting.
+
+        Racks of one size are averaged as one matrix, row by row, which sums in the same
+        order as averaging each rack on its own; a rack missing a GPU is done on its own.
+        """
+        mean = np.full(len(self.rack_keys), np.nan)
+        frac = np.full(len(self.rack_keys), np.nan)
+        for racks, members in self.buckets:
+            r = gpu_rise[members]
+            full = ~np.isnan(r).any(axis=1)
+            if members.shape[1] >= min_gpus and full.any():
+                mean[racks[full]] = r[full].mean(axis=1)
+                frac[racks[full]] = (r[full] > 0.5).mean(axis=1)
+            for j in np.flatnonzero(~full).tolist():
+                part = r[j][~np.isnan(r[j])]
+                if len(part) >= min_gpus:
+                    mean[racks[j]], frac[racks[j]] = part.mean(), (part > 0.5).mean()
+        return mean, frac
+
+
+@dataclass
+class _Inputs:
+    """A frame's inputs, time-major, so each step reads contiguous rows.
+
+    Per-sensor inputs hold only the sensors with a value somewhere in the frame
+    (``live``, indices into GPU x sensor): a GPU without HBM stack sensors has 8 of 10.
+    """
+
+    live: np.ndarray  # (L,) live sensors, index GPU * S + sensor
+    gpu_of: np.ndarray  # (L,) each live sensor's GPU row
+    load_at: np.ndarray  # (L,) its driver in the (G * 2) driver deviations
+    x: np.ndarray  # (T, L) temperatures
+    gaps: np.ndarray  # (T, L) gap to peers (memory, hotspot) or sibling stacks
+    limit_part: np.ndarray  # (T, G, S) closeness to the slowdown limit, 1 = within margin
+    drivers: np.ndarray  # (T, G * 2) bandwidth and relative power
+
+    @classmethod
+    def of(cls, frame: Frame, lay: _Layout, x: np.ndarray, margin: float) -> _Inputs:
+        steps = frame.steps
+        live = np.flatnonzero(~np.isnan(x).all(axis=2))
+        gpu_of, sensor = np.divmod(live, N_SENSORS)
+        xt = np.ascontiguousarray(x.transpose(2, 0, 1))
+        with np.errstate(invalid="ignore"):
+            limit_part = (xt - (lay.limits - margin)) / margin + 1.0
+        gaps = _gaps(x, lay.groups).transpose(2, 0, 1).reshape(steps, -1)[:, live]
+        drivers = np.ascontiguousarray(_drivers(frame, lay.board).transpose(2, 0, 1))
+        return cls(live, gpu_of, gpu_of * 2 + _SENSOR_DRIVER[sensor],
+                   xt.reshape(steps, -1)[:, live], np.ascontiguousarray(gaps), limit_part,
+                   drivers.reshape(steps, -1))  # fmt: skip
+
+
+class _Locals:
+    """Copies of the state rows the step loop learns, written back by ``store``.
+
+    Gathering and scattering 10,000 rows of six fields every step cost more than the
+    arithmetic; the copies are stored before any finding reads the tables and at the end.
+    """
+
+    def __init__(self, det: ThermalExcursions, lay: _Layout, live: np.ndarray) -> None:
+        self.det, self.lay = det, lay
+        self.rows, self.srows = lay.rows[live], lay.srows[live]  # live sensors only
+        self.temps = det.temps_.local(self.rows)
+        self.drivers = det.drivers_.local(lay.drows)
+        self.rate = det.rate_.local(lay.frows)
+        self.sensors = {name: det.sensors_[name][self.srows] for name in det.sensors_.fields}
+
+    def store(self) -> None:
+        det, lay = self.det, self.lay
+        det.temps_.store(self.rows, self.temps)
+        det.drivers_.store(lay.drows, self.drivers)
+        det.rate_.store(lay.frows, self.rate)
+        for name, values in self.sensors.items():
+            det.sensors_[name][self.srows] = values
+
+
+class _Trace(NamedTuple):
+    """What findings quote, (G, S, T) each: temperatures, rises, excesses; and limits."""
+
+    x: np.ndarray
+    rise: np.ndarray
+    excess: np.ndarray
+    limits: np.ndarray
+
+
+def _limits(skus: list[Sku | None]) -> np.ndarray:
+    """(G, S): each sensor's slowdown limit; the stacks share the memory limit."""
+    out = np.empty((len(skus), N_SENSORS))
+    for row, sku in enumerate(skus):
+        mem, hot = (sku.memory_slowdown_c, sku.hotspot_slowdown_c) if sku else DEFAULT_LIMITS
+        out[row] = mem
+        out[row, 1] = hot
+    return out
+
+
+def _peer_groups(labels: list[dict[str, str]]) -> np.ndarray:
     names = [
-        f"{lab.get('cluster', '')}/{lab.get('rack', '')}/{lab.get('sku', '')}"
-        for lab in frame.gpus.labels
+        f"{lab.get('cluster', '')}/{lab.get('rack', '')}/{lab.get('sku', '')}" for lab in labels
     ]
     _, groups = np.unique(np.array(names), return_inverse=True)
     return groups
 
 
 def _gaps(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Memory and hotspot: gap to the peers' median; stacks: gap to the sibling median."""
+    """(G, S, T): memory and hotspot against the peers' median, stacks against the
+    sibling stacks' median; NaN with fewer than three to compare with.  Every step at once:
+    the medians are per step, as one step at a time would take them."""
     out = np.full(x.shape, np.nan)
     for col in (0, 1):
-        med, count = group_median(x[:, col], groups)
+        med, count = group_median_columns(x[:, col], groups)
         out[:, col] = np.where(count >= 3, x[:, col] - med, np.nan)
     stacks = x[:, 2:]
     sib = nanmedian(stacks, axis=1)
@@ -527,7 +659,7 @@ def _gaps(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
     return out
 
 
-def _drivers(frame: Frame) -> np.ndarray:
+def _drivers(frame: Frame, board: np.ndarray) -> np.ndarray:
     """What loads each sensor: memory bandwidth (memory, stacks) and relative power (hotspot).
 
     Power is relative to the GPU's power limit, else its SKU's board power, else 1 kW:
@@ -535,12 +667,10 @@ def _drivers(frame: Frame) -> np.ndarray:
     """
     power = frame.g("power")
     limit = frame.g("power_limit")
-    board = np.array([_board_power(lab.get("sku", "")) for lab in frame.gpus.labels])
     scale = np.where(np.isnan(limit), board[:, None], limit)
     rel = power / np.fmax(scale, 1.0)
     return np.stack([frame.g("bw"), rel], axis=1)
 
 
-def _board_power(sku: str) -> float:
-    found = lookup(sku) if sku else None
-    return found.board_power_watts if found else 1000.0
+def _board_power(sku: Sku | None) -> float:
+    return float(sku.board_power_watts) if sku else 1000.0

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +19,7 @@ from detectors.base import Detector
 from detectors.frame import WATCHED_METRICS, Frame, FrameBuilder, route
 from hbmwatch import log
 from hbmwatch.records import Finding
-from store.feed import SampleBlock
+from store.feed import RecentSamples, SampleBlock
 from store.store import Store
 
 logger = log.get("hbmwatch.detection")
@@ -75,7 +74,6 @@ class DetectionRunner:
         self.open: dict[str, Finding] = {}
         self._saved_ms = 0
         self.last_frame: Frame | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="detector")
 
     def start(self) -> None:
         """Watch the detectors' metrics and load every detector's saved state."""
@@ -105,8 +103,7 @@ class DetectionRunner:
         since = now - self.backfill_ms
         if self.frame_end_ms is not None:
             since = max(since, self.frame_end_ms - self.settle_ms)
-        self.cursor, block = self.store.read_new(self.cursor, since)
-        block = SampleBlock.concat([self.pending, block])
+        self.cursor, block = self._read(since)
         t_read = time.perf_counter()
         end = (now - self.settle_ms) // self.step_ms * self.step_ms
         report = CycleReport(samples=len(block))
@@ -143,37 +140,35 @@ class DetectionRunner:
         }  # fmt: skip
         return report
 
-    def _detect(self, frame: Frame, report: CycleReport) -> list[Finding]:
-        """Every detector over the frame, the first on this machine's second core.
+    def _read(self, since_ms: int) -> tuple[int, SampleBlock]:
+        """The held samples followed by everything stored since the cursor.
 
-        Detectors before the first that reads other detectors' findings
-        (``reads_findings``) share nothing but the frame, so the first of them (thermal,
-        the heaviest) runs in a worker thread beside the rest; numpy lets go of the GIL
-        for its array work.  Their findings are merged in the listed order either way.
+        From the store's in-memory feed in one copy when the cursor is still in it (what
+        ``Store.read_new`` does, less a second copy to put the held samples in front); else
+        through ``read_new``, which reads the span back from SQL.
         """
-        split = next((i for i, d in enumerate(self.detectors) if _reads_findings(d)),
-                     len(self.detectors))  # fmt: skip
-        head, tail = self.detectors[:split], self.detectors[split:]
-        outputs: dict[str, list[Finding]] = {}
+        feed = getattr(self.store, "feed", None)
+        if self.cursor is not None and isinstance(feed, RecentSamples):
+            block = feed.read(self.cursor, head=self.pending)
+            if block is not None:
+                return feed.next_seq, block
+        cursor, block = self.store.read_new(self.cursor, since_ms)
+        return cursor, SampleBlock.concat([self.pending, block])
 
-        def run(det: Detector) -> None:
-            t0 = time.perf_counter()
-            outputs[det.name] = det.update(frame)
-            report.detector_seconds[det.name] = time.perf_counter() - t0
+    def _detect(self, frame: Frame, report: CycleReport) -> list[Finding]:
+        """Every detector over the frame, in order, each seeing the findings open so far.
 
-        first = self._pool.submit(run, head[0]) if len(head) > 1 else None
-        for det in head[1:] if first is not None else head:
-            run(det)
-        if first is not None:
-            first.result()
+        In order on one thread: the detectors' per-step loops hold the GIL between their
+        numpy calls, so thermal in a worker thread beside the others made the stage slower,
+        not faster, once thermal was no longer most of it (docs/benchmarks.md).
+        """
         findings: list[Finding] = []
-        for det in head:
-            findings += outputs[det.name]
-            frame.open_findings = self._merge(frame.open_findings, outputs[det.name])
-        for det in tail:
-            run(det)
-            findings += outputs[det.name]
-            frame.open_findings = self._merge(frame.open_findings, outputs[det.name])
+        for det in self.detectors:
+            t0 = time.perf_counter()
+            out = det.update(frame)
+            report.detector_seconds[det.name] = time.perf_counter() - t0
+            findings += out
+            frame.open_findings = self._merge(frame.open_findings, out)
         return findings
 
     def _keep_causes(self, f: Finding) -> Finding:
@@ -216,7 +211,3 @@ class DetectionRunner:
             logger.info("finding opened", kind=f.kind, entity=dict(f.entity), summary=f.summary)
         for f in report.closed:
             logger.info("finding resolved", kind=f.kind, entity=dict(f.entity))
-
-
-def _reads_findings(det: Detector) -> bool:
-    return bool(getattr(det, "reads_findings", False))

@@ -113,3 +113,24 @@ def test_the_store_hands_the_runner_only_the_series_it_reads(store: Store, clock
     for block in (fresh, again):
         assert {store.key_of(int(s)) for s in block.series_ids} == {read}
     assert cursor == restarted
+
+
+def test_samples_held_past_a_cycle_come_back_once_in_front(store: Store, clock: Clock) -> None:
+    """Samples newer than a cycle's end wait for the next cycle, which reads them from the
+    store's feed in front of the new ones: every counter sample is differenced once."""
+    r = DetectionRunner(store, default_detectors(), settle_seconds=2, backfill_seconds=60,
+                        context=Context(), clock=clock)  # fmt: skip
+    r.start()
+    key = SeriesKey("gpu_pcie_replays_total", GPU)
+    t0 = int(clock() * 1000)
+    for part in range(3):
+        seconds = range(part * 30, part * 30 + 30)
+        store.write([Sample(key, t0 + i * 1000, 10.0 * i) for i in seconds])
+        clock.advance(30)
+        report = r.cycle()
+        assert r.last_frame is not None and report.end_ms == t0 + (part * 30 + 28) * 1000
+        replays = r.last_frame.g("pcie_replays")[0]
+        if part == 0:  # from SQL (a start): the first sample has nothing before it
+            assert np.isnan(replays[0]) and (replays[1:] == 10.0).all()
+        else:  # from memory: the two held back, then the new ones
+            assert report.samples == 32 and replays.tolist() == [10.0] * 30
