@@ -7,7 +7,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -446,6 +446,80 @@ def bench_detect(
         f"{report['first_cycle_seconds']:.3f} s)"
     )
     benchmarks.write_json(report, json_out)
+
+
+@bench_app.command("api")
+def bench_api(
+    gpus: Annotated[int, typer.Option(help="Fleet size (a multiple of 8).")] = 1024,
+    hours: Annotated[int, typer.Option(min=1, help="Hours of data loaded.")] = 24,
+    db: Annotated[
+        Path, typer.Option(help="SQLite file; reused while its .json sidecar matches.")
+    ] = Path("hbmwatch-bench-api.db"),
+    requests: Annotated[int, typer.Option(min=1, help="Timed requests of each kind.")] = 1000,
+    rebuild: Annotated[bool, typer.Option(help="Load the day again even if it matches.")] = False,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+) -> None:
+    """p99 of a one-GPU-day range query and an incident detail over HTTP (target: 100 ms)."""
+    from rich.progress import MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from hbmwatch import bench_api as api_bench
+    from hbmwatch import benchmarks
+    from hbmwatch.service import tune_gc
+
+    if gpus < 8 or gpus % 8:
+        console.print("[red]error:[/red] --gpus must be a positive multiple of 8")
+        raise typer.Exit(2)
+    log.configure("warning")
+    tune_gc()
+    console.print(
+        f"[bold]hbmwatch bench api[/bold] on {benchmarks.machine()}: {gpus} GPUs x {hours} h "
+        f"in {db} (the first load takes a while; later runs reuse it)"
+    )
+    columns = (*Progress.get_default_columns()[:2], MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done)
+
+        report = api_bench.bench_api(gpus=gpus, hours=hours, db=db, requests=requests,
+                                     rebuild=rebuild, progress=progress)  # fmt: skip
+    _print_api_report(report)
+    benchmarks.write_json(report, json_out)
+    if report["http"] is None:
+        console.print(f"[red]error:[/red] {report['http_error']}: the API routes are missing")
+        raise typer.Exit(1)
+
+
+def _print_api_report(report: dict[str, Any]) -> None:
+    load, http, local = report["load"], report["http"] or {}, report["in_process"]
+    table = Table(title=f"hbmwatch bench api ({report['gpus']} GPUs x {report['hours']} h, "
+                        f"{report['requests']} requests each)")  # fmt: skip
+    for col in ("read", "p50 ms", "p95 ms", "p99 ms", "max ms", "bytes"):
+        table.add_column(col, justify="left" if col == "read" else "right")
+    day = f"one GPU x {report['hours']} h at 60 s"
+    rows = [(f"{day}, first read, HTTP", http.get("first_read")),
+            ("  same, store.range_query in-process", local["first_read"]),
+            (f"{day}, repeated, HTTP", http.get("query_range")),
+            ("  same, store.range_query in-process", local["query_range"]),
+            ("incident detail, HTTP", http.get("incident")),
+            ("  same, store reads in-process", local["incident"])]  # fmt: skip
+    for name, s in rows:
+        if s:
+            cells = [f"{s[k]:.1f}" for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")]
+            table.add_row(name, *cells, f"{s['bytes']:,.0f}" if "bytes" in s else "-")
+    Console(width=120).print(table)
+    loaded = "reused" if report["reused"] else "loaded"
+    console.print(
+        f"{loaded}: {load['series']:,} series, {load['samples']:,} samples at "
+        f"{report['interval_s']} s in {load['load_seconds']:.0f} s; "
+        f"{report['db_bytes'] / 2**30:.2f} GiB; incident of {report['incident']['alerts']} alerts"
+    )
+    if report["met"] is not None:
+        verdict = "[green]met[/green]" if report["met"] else "[red]not met[/red]"
+        console.print(f"target: p99 under {report['target_ms']} ms for both reads: {verdict}")
 
 
 @app.command()
