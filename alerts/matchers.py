@@ -1,35 +1,30 @@
 """Label matchers on alerts, as Alertmanager spells them (``=``, ``!=``, ``=~``, ``!~``).
 
-The matching itself is the series selectors' (``hbmwatch.query.Matcher``): regular
-expressions anchored at both ends, a missing label matching as the empty string.  Here a
-matcher is the plain ``records.Matcher`` that silences and rules store.
+The grammar and the matching are the kernel's (``hbmwatch.matchers``): the same text means the
+same thing in an API selector, ``hbmwatch silence add`` and an inhibit rule; regexes run on
+RE2, anchored at both ends, and a missing label matches as the empty string.  Here a matcher
+is the plain ``records.Matcher`` that silences and rules store.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 
-from hbmwatch import query
+from hbmwatch import matchers as kernel
 from hbmwatch.records import Matcher
-
-_MATCHER = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$")
 
 
 def parse_matcher(text: str) -> Matcher:
     """``name=value``, ``name!=value``, ``name=~regex`` or ``name!~regex``; quotes optional.
 
+    Raises ``InvalidQuery`` (a ``ValueError``) naming what is wrong.
+
     >>> parse_matcher('rack=~"r[0-3]"')
     Matcher(name='rack', value='r[0-3]', op='=~')
     """
-    m = _MATCHER.match(text)
-    if m is None:
-        raise ValueError(f"bad matcher {text!r}: expected name=value, !=, =~ or !~")
-    name, op, value = m.groups()
-    if len(value) >= 2 and value[0] == value[-1] == '"':
-        value = value[1:-1]
-    return checked(Matcher(name, value, op))
+    m = kernel.parse_matcher(text)
+    return Matcher(m.label, m.value, m.op.value)
 
 
 def checked(m: Matcher) -> Matcher:
@@ -39,8 +34,8 @@ def checked(m: Matcher) -> Matcher:
 
 
 @lru_cache(maxsize=4096)
-def _compiled(m: Matcher) -> query.Matcher:
-    return query.Matcher.of(m.name, m.op, m.value)
+def _compiled(m: Matcher) -> kernel.Matcher:
+    return kernel.Matcher.of(m.name, m.op, m.value)
 
 
 def matches(m: Matcher, labels: Mapping[str, str]) -> bool:

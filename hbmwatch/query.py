@@ -1,23 +1,33 @@
-"""Series selectors: a metric name plus label matchers (=, !=, =~, !~), as in PromQL.
+"""Series selectors: a metric name plus label matchers (=, !=, =~, !~), as in PromQL, and the
+time budget every query runs under.
 
-Regular expressions are anchored at both ends, as Prometheus anchors them.
+The matcher grammar and the regex engine (RE2, anchored at both ends as Prometheus anchors
+them) are ``hbmwatch.matchers``'; this module adds the metric name around them.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from enum import StrEnum
 
+from hbmwatch.matchers import Matcher, MatchOp, parse_matchers, quote
 from hbmwatch.records import SeriesKey
-from hbmwatch.validation import InvalidQuery, check_label_name, check_metric_name
+from hbmwatch.validation import InvalidQuery, QueryTooExpensive, check_metric_name
 
-
-class MatchOp(StrEnum):
-    EQ = "="
-    NE = "!="
-    RE = "=~"
-    NRE = "!~"
+__all__ = [
+    "Aggregation",
+    "MatchOp",
+    "Matcher",
+    "Selector",
+    "check_time_budget",
+    "parse_selector",
+    "time_budget",
+]
 
 
 class Aggregation(StrEnum):
@@ -30,38 +40,37 @@ class Aggregation(StrEnum):
     QUANTILE = "quantile"
 
 
-@dataclass(frozen=True)
-class Matcher:
-    label: str
-    op: MatchOp
-    value: str
-    _regex: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+#: (monotonic deadline, the budget in seconds) of the query running in this context.
+_budget: ContextVar[tuple[float, float] | None] = ContextVar("query_budget", default=None)
 
-    @classmethod
-    def of(cls, label: str, op: str, value: str) -> Matcher:
-        check_label_name(label)
-        try:
-            match_op = MatchOp(op)
-        except ValueError:
-            raise InvalidQuery(f"unknown match operator {op!r}", operator=op) from None
-        regex = None
-        if match_op in (MatchOp.RE, MatchOp.NRE):
-            try:
-                regex = re.compile(f"(?:{value})")
-            except re.error as exc:
-                raise InvalidQuery(
-                    f"bad regular expression {value!r}: {exc}", regex=value
-                ) from None
-        return cls(label, match_op, value, regex)
 
-    def matches(self, actual: str) -> bool:
-        if self.op is MatchOp.EQ:
-            return actual == self.value
-        if self.op is MatchOp.NE:
-            return actual != self.value
-        assert self._regex is not None
-        hit = self._regex.fullmatch(actual) is not None
-        return hit if self.op is MatchOp.RE else not hit
+@contextmanager
+def time_budget(seconds: float | None) -> Iterator[None]:
+    """Run a query under a time budget: ``check_time_budget`` raises once it is spent.
+
+    The budget is checked between series (selection, conversion), so one query cannot hold a
+    worker thread long after its answer stopped being useful.
+    """
+    if seconds is None:
+        yield
+        return
+    token = _budget.set((time.monotonic() + seconds, seconds))
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
+def check_time_budget() -> None:
+    """Raise ``QueryTooExpensive`` naming the budget when this context's query is past it."""
+    budget = _budget.get()
+    if budget is not None and time.monotonic() > budget[0]:
+        raise QueryTooExpensive(
+            f"the query ran past its time budget of {budget[1]:g} s "
+            "(api.query_timeout_seconds); add matchers, shorten the range or widen step",
+            limit="api.query_timeout_seconds",
+            budget_seconds=budget[1],
+        )
 
 
 @dataclass(frozen=True)
@@ -70,53 +79,34 @@ class Selector:
     matchers: tuple[Matcher, ...] = ()
 
     def matches(self, key: SeriesKey) -> bool:
+        check_time_budget()
         if key.metric != self.metric:
             return False
         labels = key.label_dict
         return all(m.matches(labels.get(m.label, "")) for m in self.matchers)
 
     def __str__(self) -> str:
-        body = ",".join(f'{m.label}{m.op.value}"{m.value}"' for m in self.matchers)
+        body = ",".join(f"{m.label}{m.op.value}{quote(m.value)}" for m in self.matchers)
         return f"{self.metric}{{{body}}}"
 
 
 _SELECTOR_RE = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?:\{(.*)\})?\s*$", re.S)
-_MATCHER_RE = re.compile(
-    r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(,|$)'
-)
-
-
-def _unescape(value: str) -> str:
-    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
 
 
 def parse_selector(text: str) -> Selector:
-    """Parse ``metric{label="v",other=~"re"}``.
+    """Parse ``metric{label="v",other=~"re"}``; simple values need no quotes.
 
-    >>> s = parse_selector('gpu_power_watts{host="n1",gpu=~"0|1"}')
+    >>> s = parse_selector('gpu_power_watts{host=n1,gpu=~"0|1"}')
     >>> s.metric, [(m.label, m.op.value, m.value) for m in s.matchers]
     ('gpu_power_watts', [('host', '=', 'n1'), ('gpu', '=~', '0|1')])
-    >>> parse_selector('gpu_power_watts{host=n1}')
+    >>> parse_selector('gpu_power_watts{host=~"(?=n)"}')  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    hbmwatch.validation.InvalidQuery: cannot parse matchers at 'host=n1': expected label="value"
+    hbmwatch.validation.InvalidQuery: bad regular expression '(?=n)': invalid perl operator: ...
     """
     match = _SELECTOR_RE.match(text)
     if not match:
         raise InvalidQuery(f'cannot parse selector {text!r}: expected metric{{label="value"}}')
     metric, body = match.group(1), match.group(2) or ""
     check_metric_name(metric)
-    matchers: list[Matcher] = []
-    pos = 0
-    body = body.strip()
-    while pos < len(body):
-        m = _MATCHER_RE.match(body, pos)
-        if not m:
-            raise InvalidQuery(
-                f'cannot parse matchers at {body[pos:]!r}: expected label="value"',
-                selector=text,
-            )
-        value = _unescape(m.group(3))
-        matchers.append(Matcher.of(m.group(1), m.group(2), value))
-        pos = m.end()
-    return Selector(metric, tuple(matchers))
+    return Selector(metric, tuple(parse_matchers(body)))

@@ -24,6 +24,8 @@ def test_silence_add_list_expire_and_incidents(tmp_path: Path) -> None:
     assert run(tmp_path, "migrate").returncode == 0
     bad = run(tmp_path, "silence", "add", "host~n1")
     assert bad.returncode == 2 and "bad matcher 'host~n1'" in bad.stderr
+    refused = run(tmp_path, "silence", "add", "host=~(n)\\1")  # a backreference: not RE2
+    assert refused.returncode == 2 and "RE2" in refused.stderr and "Traceback" not in refused.stderr
     added = run(tmp_path, "silence", "add", "host=n1", 'rack=~"r[0-3]"', "--for", "30m",
                 "--by", "alice", "--comment", "swap")  # fmt: skip
     assert added.returncode == 0, added.stderr

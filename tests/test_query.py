@@ -37,7 +37,9 @@ def test_absent_label_matches_empty_string() -> None:
     [
         ("1metric", InvalidQuery),
         ('m{a="b"', InvalidQuery),
-        ("m{a=b}", InvalidQuery),
+        ("m{a=b c}", InvalidQuery),
+        ("m{a==x}", InvalidQuery),
+        ('m{a=~"(a)\\1"}', InvalidQuery),
         ('m{a=~"("}', InvalidQuery),
         ('m{__name__="x"}', InvalidName),
         ('m{a=="x"}', InvalidQuery),
