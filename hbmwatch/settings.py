@@ -83,6 +83,27 @@ class ApiSettings(BaseModel):
     max_body_bytes: int = Field(
         64 * 1024 * 1024, ge=1024, description="Larger request bodies are refused (413)."
     )
+    max_unauthenticated_body_bytes: int = Field(
+        64 * 1024,
+        ge=0,
+        description="Writes whose token is missing or wrong get their 401 before any body is "
+        "read; reads without a valid token may send at most this much (413).",
+    )
+    query_timeout_seconds: float = Field(
+        10.0, gt=0, le=600, description="Time budget of one query (over it: 400)."
+    )
+    max_concurrent_requests: int = Field(
+        8, ge=1, le=1024, description="API requests served at once; more wait in a queue."
+    )
+    max_queued_requests: int = Field(
+        64, ge=0, description="Requests waiting for a slot; past this they get a 503 at once."
+    )
+    queue_timeout_seconds: float = Field(
+        2.0, ge=0, le=60, description="Longest a request waits for a slot before its 503."
+    )
+    request_timeout_seconds: float = Field(
+        30.0, gt=0, le=600, description="A request not answered by then gets a 503."
+    )
 
 
 TargetKind = Literal["dme", "dcgm", "vllm", "sglang", "tgi", "triton", "training", "mapped"]

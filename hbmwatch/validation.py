@@ -42,6 +42,10 @@ class InvalidQuery(HbmwatchError):
     """A query that cannot be answered as asked (bad matcher, range, step, aggregation)."""
 
 
+class QueryTooExpensive(InvalidQuery):
+    """A query over one of its budgets (series, points, time); ``limit`` names the setting."""
+
+
 class ConfigError(HbmwatchError):
     """A settings or scenario value that cannot be used; names the field."""
 

@@ -47,6 +47,7 @@ from hbmwatch.validation import (
     InvalidLabels,
     InvalidName,
     InvalidQuery,
+    QueryTooExpensive,
     UnknownMetric,
 )
 from store import aggregate as agg_math
@@ -690,10 +691,11 @@ class Store:
     def _resolve(self, selector: Selector) -> list[tuple[int, SeriesKey]]:
         found = self.select_series(selector)
         if len(found) > self.settings.max_series_per_query:
-            raise InvalidQuery(
+            raise QueryTooExpensive(
                 f"{selector} matches {len(found)} series, over the limit of "
-                f"{self.settings.max_series_per_query}; add matchers",
+                f"{self.settings.max_series_per_query} (store.max_series_per_query); add matchers",
                 selector=str(selector),
+                limit="store.max_series_per_query",
             )
         return found
 
@@ -706,9 +708,10 @@ class Store:
         if end <= start:
             raise InvalidQuery(f"end ({end}) must be after start ({start})")
         if (end - start) / step > MAX_POINTS_PER_SERIES:
-            raise InvalidQuery(
+            raise QueryTooExpensive(
                 f"{(end - start) / step:.0f} points per series is over the limit of "
                 f"{MAX_POINTS_PER_SERIES}; use a larger step",
+                limit="points per series",
             )
         step_ms = round(step * 1000)
         if step_ms < 1:
@@ -733,8 +736,14 @@ class Store:
         if agg is Aggregation.QUANTILE and (q is None or not 0 <= q <= 1):
             raise InvalidQuery("quantile aggregation needs q between 0 and 1")
         found = self._resolve(selector)
-        if len(found) * (end_ms - start_ms) / step_ms > self.settings.max_points_per_query:
-            raise InvalidQuery("the query would return too many points; narrow it or widen step")
+        if (points := len(found) * (end_ms - start_ms) / step_ms) > (
+            cap := self.settings.max_points_per_query
+        ):
+            raise QueryTooExpensive(
+                f"the query would return {points:.0f} points, over the limit of {cap} "
+                "(store.max_points_per_query); narrow it or widen step",
+                limit="store.max_points_per_query",
+            )
         ids = [sid for sid, _ in found]
         start_ms = _floor(start_ms, step_ms)
         warnings: list[str] = []

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import ScopeRead, StoreDep
+from api.deps import ScopeRead, SettingsDep, StoreDep
 from api.errors import ERROR_RESPONSES
 from api.params import Cursor, Limit, TimeParam, page, parse_step, parse_time
 from api.schemas import (
@@ -18,7 +18,7 @@ from api.schemas import (
     SeriesOut,
     finite,
 )
-from hbmwatch.query import Aggregation, parse_selector
+from hbmwatch.query import Aggregation, check_time_budget, parse_selector, time_budget
 from hbmwatch.validation import InvalidQuery
 
 router = APIRouter(prefix="/api/v1", tags=["series"], responses=ERROR_RESPONSES)
@@ -32,7 +32,8 @@ SelectorParam = Annotated[
     Query(
         min_length=1,
         max_length=4000,
-        description='A selector: metric{label="v",...}.',
+        description='A selector: metric{label="v",...}; simple values need no quotes '
+        "(host=n1). Regexes are RE2, anchored at both ends.",
         examples=['gpu_memory_temperature_celsius{host="node7",gpu="3"}'],
     ),
 ]
@@ -41,19 +42,22 @@ SelectorParam = Annotated[
 @router.get("/series", response_model=Page[SeriesOut])
 def list_series(
     store: StoreDep,
+    settings: SettingsDep,
     _: ScopeRead,
     match: SelectorParam,
     limit: Limit = 100,
     cursor: Cursor = None,
 ) -> Page[SeriesOut]:
     """Series that match a selector, in the order the store registered them."""
-    keys = store.series(parse_selector(match), limit=MAX_SERIES_LISTED)
+    with time_budget(settings.api.query_timeout_seconds):
+        keys = store.series(parse_selector(match), limit=MAX_SERIES_LISTED)
     return page([SeriesOut.of(k) for k in keys], limit, cursor)
 
 
 @router.get("/query_range", response_model=RangeResult)
 def query_range(
     store: StoreDep,
+    settings: SettingsDep,
     _: ScopeRead,
     query: SelectorParam,
     start: TimeParam = None,
@@ -70,26 +74,31 @@ def query_range(
         ),
     ] = None,
 ) -> RangeResult:
-    """One value per step for each matching series; rollups serve steps of whole minutes."""
+    """One value per step for each matching series; rollups serve steps of whole minutes.
+
+    Over a budget (series, points, time: ``api.query_timeout_seconds``) the answer is a 400
+    ``query_too_expensive`` naming the limit.
+    """
     end_s = parse_time("end", end, store.now_ms() / 1000)
     start_s = parse_time("start", start, end_s - DEFAULT_RANGE_SECONDS)
     step_s = parse_step(step)
     selector = parse_selector(query)
-    if fn is not None:
-        result = store.counter_query(selector, start_s, end_s, step_s, fn)
-    else:
-        result = store.range_query(selector, start_s, end_s, step_s, agg, q)
-    return RangeResult(
-        tier=result.tier,
-        step=step_s,
-        warnings=list(result.warnings),
-        series=[RangeSeries.of_points(sp) for sp in result.series],
-    )
+    with time_budget(settings.api.query_timeout_seconds):
+        if fn is not None:
+            result = store.counter_query(selector, start_s, end_s, step_s, fn)
+        else:
+            result = store.range_query(selector, start_s, end_s, step_s, agg, q)
+        series = []
+        for sp in result.series:
+            check_time_budget()
+            series.append(RangeSeries.of_points(sp))
+    return RangeResult(tier=result.tier, step=step_s, warnings=list(result.warnings), series=series)
 
 
 @router.get("/query", response_model=LatestResult)
 def query_latest(
     store: StoreDep,
+    settings: SettingsDep,
     _: ScopeRead,
     query: SelectorParam,
     lookback: Annotated[str, Query(max_length=20, description="Seconds or a duration.")] = "5m",
@@ -98,7 +107,8 @@ def query_latest(
     seconds = parse_step(lookback)
     if seconds > 7 * 86400:
         raise InvalidQuery("lookback is at most 7 days", parameter="lookback")
-    latest = store.latest(parse_selector(query), lookback=seconds)
+    with time_budget(settings.api.query_timeout_seconds):
+        latest = store.latest(parse_selector(query), lookback=seconds)
     return LatestResult(
         series=[
             LatestSeries(
