@@ -26,11 +26,13 @@ from hbmwatch.records import (
     cause_from_dict,
 )
 from hbmwatch.records import Evidence as EvidenceRecord
+from store.guard import guarded
 from store.models import AlertRow, DeliveryRow, IncidentRow, SilenceRow
 
 MAX_ROWS_PER_QUERY = 5_000
 
 
+@guarded  # every method raises StoreUnavailable when the database cannot answer
 class AlertBook:
     def __init__(
         self,

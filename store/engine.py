@@ -8,6 +8,21 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 SQLITE_CACHE_KIB = 128 * 1024
+#: PostgreSQL: how long a connection attempt may take, and how long a dead peer may keep a
+#: call waiting (keepalives, TCP_USER_TIMEOUT), so no thread waits on a gone server forever.
+PG_CONNECT_ARGS = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+#: The longest one statement may run (compaction and retention included) before it is
+#: cancelled and the call fails as "store unavailable".
+PG_STATEMENT_TIMEOUT_SECONDS = 300
+#: How long a caller waits for a pooled connection before the store counts as unavailable.
+POOL_TIMEOUT_SECONDS = 10
 
 
 def is_sqlite(url: str) -> bool:
@@ -25,10 +40,11 @@ def create_store_engine(
     """An engine for ``url``; SQLite gets WAL, a busy timeout and a larger page cache."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        path = sqlite_path(url)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 60})
+        # No mkdir of the file's folder: a typo in store.url must fail, not grow a tree.
+        engine = create_engine(
+            parsed,
+            connect_args={"check_same_thread": False, "timeout": busy_timeout_seconds},
+        )
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
@@ -43,4 +59,21 @@ def create_store_engine(
         return engine
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
-    return create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    connect_args = {k: v for k, v in PG_CONNECT_ARGS.items() if k not in parsed.query}
+    engine = create_engine(
+        parsed,
+        pool_pre_ping=True,
+        pool_size=5,
+        max_overflow=10,
+        pool_timeout=POOL_TIMEOUT_SECONDS,
+        connect_args=connect_args,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _timeouts(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        autocommit = dbapi_conn.autocommit
+        dbapi_conn.autocommit = True
+        dbapi_conn.execute(f"SET statement_timeout = {PG_STATEMENT_TIMEOUT_SECONDS * 1000}")
+        dbapi_conn.autocommit = autocommit
+
+    return engine

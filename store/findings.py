@@ -13,11 +13,13 @@ from hbmwatch.records import (
     finding_from_dict,
     finding_to_dict,
 )
+from store.guard import guarded
 from store.models import FindingRow
 
 MAX_FINDINGS_PER_QUERY = 5_000
 
 
+@guarded  # every method raises StoreUnavailable when the database cannot answer
 class FindingLog:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

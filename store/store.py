@@ -18,14 +18,12 @@ the ``WriteResult``; nothing already accepted is lost.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
-import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +33,6 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge as PromGauge
 from sqlalchemy import Engine, delete, select, text
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import InterfaceError, OperationalError
 
 from hbmwatch import metrics
 from hbmwatch.query import Aggregation, Selector
@@ -58,6 +55,9 @@ from store.backend import DAY_MS, Backend, backend_for
 from store.engine import create_store_engine
 from store.feed import RecentSamples, SampleBlock
 from store.findings import FindingLog
+from store.guard import StoreUnavailable as StoreUnavailable  # re-exported for callers
+from store.guard import guard, guarded
+from store.guard import unavailable as _unavailable
 from store.models import Device as DeviceRow
 from store.models import StoreState
 from store.registry import Caps, SeriesRegistry
@@ -84,10 +84,6 @@ _ROLLUP_AGGS = frozenset(
         Aggregation.LAST,
     }
 )
-
-
-class StoreUnavailable(HbmwatchError):
-    """The database cannot be reached (down, restarting, locked): try again later."""
 
 
 class SchemaOutdated(HbmwatchError):
@@ -160,30 +156,6 @@ class StoreMetrics:
         )
 
 
-def _driver_errors() -> tuple[type[BaseException], ...]:
-    """Connection-level errors of the drivers, raised where the store uses them directly."""
-    errors: list[type[BaseException]] = [sqlite3.OperationalError, sqlite3.InterfaceError]
-    with contextlib.suppress(ImportError):
-        import psycopg
-
-        errors += [psycopg.OperationalError, psycopg.InterfaceError]
-    return tuple(errors)
-
-
-_DRIVER_ERRORS = _driver_errors()
-
-
-@contextlib.contextmanager
-def _unavailable() -> Iterator[None]:
-    """Database connection failures become StoreUnavailable (the caller may spool)."""
-    try:
-        yield
-    except (OperationalError, InterfaceError) as exc:
-        raise StoreUnavailable(f"the store is unavailable: {exc.orig}") from exc
-    except _DRIVER_ERRORS as exc:
-        raise StoreUnavailable(f"the store is unavailable: {exc}") from exc
-
-
 def _floor(ms: int, width: int) -> int:
     return ms - ms % width
 
@@ -198,8 +170,11 @@ def _in_list(ids: Sequence[int]) -> str:
     return ",".join(str(int(i)) for i in ids)
 
 
+@guarded
 class Store:
-    """Samples, series, rollups and inventory behind one object (see module doc)."""
+    """Samples, series, rollups and inventory behind one object (see module doc).
+
+    Every public method raises ``StoreUnavailable`` when the database cannot answer."""
 
     def __init__(
         self,
@@ -1013,6 +988,7 @@ class Store:
         conn.execute(StoreState.__table__.insert().values(name=name, value=value))
 
 
+@guard
 def open_store(
     settings: StoreSettings,
     *,
