@@ -8,9 +8,11 @@ counted, rather than filling the disk.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
+import threading
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -87,6 +89,8 @@ class Spool:
         )
         files = self._files()
         self._next = int(files[-1].stem) + 1 if files else 0
+        # The loop thread spools when the writer thread is stuck; both share the numbering.
+        self._lock = threading.RLock()
         self._refresh()
 
     def _files(self) -> list[Path]:
@@ -104,21 +108,29 @@ class Spool:
     def pending(self) -> int:
         return len(self._files())
 
-    def append(self, samples: list[Sample]) -> None:
+    def reserve(self) -> int:
+        """The next batch number: a batch spooled later under it still replays in its place."""
+        with self._lock:
+            self._next += 1
+            return self._next - 1
+
+    def append(self, samples: list[Sample], seq: int | None = None) -> None:
+        """Write ``samples`` as batch ``seq`` (default: the next number), fsynced."""
         if not samples:
             return
         blob = encode_batch(samples)
-        path = self.directory / f"{self._next:012d}.batch"
-        self._next += 1
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        self.spooled.inc(len(samples))
-        self._enforce_bound()
-        self._refresh()
+        with self._lock:
+            number = self.reserve() if seq is None else seq
+            path = self.directory / f"{number:012d}.batch"
+            tmp = path.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            self.spooled.inc(len(samples))
+            self._enforce_bound()
+            self._refresh()
 
     def _enforce_bound(self) -> None:
         files = self._files()
@@ -133,20 +145,29 @@ class Spool:
             oldest.unlink()
             self.dropped.inc(lost)
 
-    def replay(self, write: Callable[[list[Sample]], object]) -> int:
-        """Write spooled batches oldest first; stop at the first the store refuses (it
-        raises), leaving that one and the rest for next time.  Returns samples replayed."""
+    def replay(self, write: Callable[[list[Sample]], object], before: int | None = None) -> int:
+        """Write spooled batches oldest first (only those numbered below ``before``); stop at
+        the first the store refuses (it raises), leaving that one and the rest for next time.
+        Returns samples replayed.  The store is written without the lock held, so the loop
+        thread can spool meanwhile."""
         replayed = 0
         for path in self._files():
+            if before is not None and int(path.stem) >= before:
+                break
             try:
                 samples = decode_batch(path.read_bytes())
+            except FileNotFoundError:
+                continue  # dropped by the size bound meanwhile (and counted there)
             except (OSError, CorruptBatch) as exc:
                 logger.error("unreadable spool batch set aside", path=str(path), error=str(exc))
-                path.rename(path.with_suffix(".corrupt"))  # kept for a person to look at
+                with self._lock, contextlib.suppress(OSError):
+                    path.rename(path.with_suffix(".corrupt"))  # kept for a person to look at
                 continue
             write(samples)
-            path.unlink()
+            with self._lock:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                self._refresh()
             replayed += len(samples)
             self.replayed.inc(len(samples))
-            self._refresh()
         return replayed

@@ -1,11 +1,22 @@
-"""Writes collected samples to the store in batches; spools them while the store is down."""
+"""Writes collected samples to the store in batches; spools them while the store is down.
+
+The event loop only batches: a writer thread of its own does the store writes, so a slow or
+blocked store (a PostgreSQL connect timeout, another process holding SQLite's lock) never
+freezes scraping or the API.  Batches wait for that thread in a short queue; when the queue
+is full (the writer is stuck in a write) the loop spools the batch itself, which costs a
+gzip and an fsync, never a store round trip.  Every batch is numbered when it is handed
+off, and the spool replays in number order, so samples reach the store in scrape order.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from collector.spool import Spool
 from hbmwatch import log
@@ -13,6 +24,11 @@ from hbmwatch.records import Sample
 from store.store import StoreUnavailable, WriteResult
 
 logger = log.get("hbmwatch.collector")
+
+#: Batches that may wait for the writer thread before the loop spools them itself.
+MAX_QUEUED_BATCHES = 4
+#: A writer thread with nothing to do for this long ends; the next batch starts another.
+WRITER_IDLE_SECONDS = 5.0
 
 
 @dataclass
@@ -22,6 +38,13 @@ class Flushed:
     rejected: int = 0
     spooled: int = 0
     replayed: int = 0
+
+    def add(self, other: Flushed) -> None:
+        self.samples += other.samples
+        self.accepted += other.accepted
+        self.rejected += other.rejected
+        self.spooled += other.spooled
+        self.replayed += other.replayed
 
 
 class SpoolingWriter:
@@ -34,34 +57,187 @@ class SpoolingWriter:
         self.spool = spool
         self.retry_seconds = retry_seconds
         self._lock = threading.Lock()
-        self._last_attempt = 0.0
+        self._last_attempt = -float("inf")
         self.last_result: WriteResult | None = None
 
-    def write(self, samples: list[Sample]) -> Flushed:
+    def write(self, samples: list[Sample], seq: int | None = None) -> Flushed:
+        """Write one batch (numbered ``seq`` when handed off), or spool it.
+
+        While the spool holds batches the store is retried at most every ``retry_seconds``,
+        so an outage costs one failed attempt per retry, not one per batch.
+        """
         with self._lock:
             done = Flushed(samples=len(samples))
             if self.spool.pending():
                 if time.monotonic() - self._last_attempt < self.retry_seconds:
-                    self.spool.append(samples)
-                    done.spooled = len(samples)
-                    return done
+                    return self._spooled(samples, seq, done)
                 self._last_attempt = time.monotonic()
                 try:
-                    done.replayed = self.spool.replay(self._write)
-                    logger.info("store is back; spool replayed", samples=done.replayed)
+                    done.replayed = self.spool.replay(self._write, before=seq)
                 except StoreUnavailable:
-                    self.spool.append(samples)
-                    done.spooled = len(samples)
-                    return done
+                    return self._spooled(samples, seq, done)
+                logger.info("store is back; spool replayed", samples=done.replayed)
             try:
                 result = self._write(samples)
             except StoreUnavailable as exc:
                 if not self.spool.pending():
                     logger.warning("store unavailable; spooling", error=str(exc))
                 self._last_attempt = time.monotonic()
-                self.spool.append(samples)
-                done.spooled = len(samples)
-                return done
+                return self._spooled(samples, seq, done)
             self.last_result = result
             done.accepted, done.rejected = result.accepted, result.rejected_total
             return done
+
+    def _spooled(self, samples: list[Sample], seq: int | None, done: Flushed) -> Flushed:
+        self.spool.append(samples, seq)
+        done.spooled = len(samples)
+        return done
+
+
+@dataclass
+class _Batch:
+    samples: list[Sample]
+    seq: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Flushed = field(default_factory=Flushed)
+    waiter: asyncio.Future[None] | None = None
+
+
+class BatchingSink:
+    """Collects samples from many scrapes and writes them in batches (see module doc).
+
+    What a kill -9 can lose is what is still in memory: the pending batch (at most
+    ``flush_seconds`` or ``flush_samples``) and up to ``MAX_QUEUED_BATCHES`` + 1 batches
+    waiting for, or inside, a store write.  A stop flushes all of them (``flush``).
+    """
+
+    def __init__(
+        self,
+        writer: SpoolingWriter,
+        flush_samples: int,
+        flush_seconds: float,
+        *,
+        max_queued: int = MAX_QUEUED_BATCHES,
+        drain_seconds: float | None = None,
+    ) -> None:
+        self.writer = writer
+        self.flush_samples = flush_samples
+        self.flush_seconds = flush_seconds
+        self.max_queued = max_queued
+        #: How long ``flush`` waits for the writer before spooling what is left; None: always.
+        self.drain_seconds = drain_seconds
+        self._pending: list[Sample] = []
+        self._oldest = 0.0
+        self._queue: deque[_Batch] = deque()
+        self._inflight: _Batch | None = None
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._last: _Batch | None = None
+        self.totals = Flushed()
+
+    def add(self, samples: list[Sample]) -> None:
+        if samples and not self._pending:
+            self._oldest = time.monotonic()
+        self._pending.extend(samples)
+
+    def due(self) -> bool:
+        return bool(self._pending) and (
+            len(self._pending) >= self.flush_samples
+            or time.monotonic() - self._oldest >= self.flush_seconds
+        )
+
+    def queued(self) -> int:
+        """Batches handed off and not yet written or spooled."""
+        with self._cond:
+            return len(self._queue) + (self._inflight is not None)
+
+    def hand_off(self) -> None:
+        """Pass the pending samples to the writer thread without waiting for the store."""
+        batch, self._pending = self._pending, []
+        if not batch:
+            return
+        job = _Batch(batch, self.writer.spool.reserve())
+        with contextlib.suppress(RuntimeError):
+            job.waiter = asyncio.get_running_loop().create_future()
+        self._last = job
+        with self._cond:
+            if len(self._queue) < self.max_queued:
+                self._queue.append(job)
+                self._ensure_thread()
+                self._cond.notify()
+                return
+        # The writer is stuck in a write: spool here, in the batch's own place in the order.
+        self.writer.spool.append(job.samples, job.seq)
+        self._finish(job, Flushed(samples=len(batch), spooled=len(batch)))
+
+    async def flush(self) -> Flushed:
+        """Hand off the pending samples and wait until everything handed off is written or
+        spooled; past ``drain_seconds`` what is left is spooled here (a batch that is still
+        being written may then be stored twice, which the store ignores as duplicates).
+        Returns what became of the last batch."""
+        self.hand_off()
+        last = self._last
+        with self._cond:
+            waiting = [*self._queue, *([self._inflight] if self._inflight else []), last]
+        waiters = [j.waiter for j in waiting if j is not None and j.waiter and not j.done.is_set()]
+        if waiters:
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.gather(*waiters)), self.drain_seconds)
+            except TimeoutError:
+                self._spool_leftovers()
+        return last.result if last is not None else Flushed()
+
+    def _spool_leftovers(self) -> None:
+        with self._cond:
+            left = list(self._queue)
+            self._queue.clear()
+            if self._inflight is not None:
+                left.insert(0, self._inflight)
+        logger.warning("store write stuck; spooling the queued batches", batches=len(left))
+        for job in left:
+            self.writer.spool.append(job.samples, job.seq)
+            self._finish(job, Flushed(samples=len(job.samples), spooled=len(job.samples)))
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            # A daemon: a write stuck in the database must not keep the process from exiting.
+            self._thread = threading.Thread(
+                target=self._run, name="hbmwatch-writer", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue:
+                    self._cond.wait(WRITER_IDLE_SECONDS)
+                if not self._queue:
+                    self._thread = None
+                    return
+                job = self._inflight = self._queue.popleft()
+            try:
+                result = self.writer.write(job.samples, job.seq)
+            except Exception as exc:  # never drop a batch for an error nobody expected
+                logger.error("store write failed; spooling", error=f"{type(exc).__name__}: {exc}")
+                self.writer.spool.append(job.samples, job.seq)
+                result = Flushed(samples=len(job.samples), spooled=len(job.samples))
+            with self._cond:
+                self._inflight = None
+            self._finish(job, result)
+
+    def _finish(self, job: _Batch, result: Flushed) -> None:
+        with self._cond:
+            if job.done.is_set():  # spooled at a stop while its write was stuck
+                return
+            job.result = result
+            self.totals.add(result)
+            job.done.set()
+        waiter = job.waiter
+        if waiter is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                waiter.get_loop().call_soon_threadsafe(_resolve, waiter)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
