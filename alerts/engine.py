@@ -38,10 +38,15 @@ from hbmwatch.records import (
     Silence,
 )
 from hbmwatch.settings import AlertSettings
+from hbmwatch.validation import HbmwatchError
 
 SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 MAX_CAUSES = 5
 MAX_EVIDENCE = 12
+
+
+class IncidentClosed(HbmwatchError):
+    """An action a resolved incident cannot take (acknowledging it); the API answers 409."""
 
 
 @dataclass(frozen=True)
@@ -307,7 +312,11 @@ class AlertEngine:
     def acknowledge(self, incident_id: str, by: str, now_ms: int, comment: str = "") -> Incident:
         inc = self._get_incident(incident_id)
         if inc.state is IncidentState.RESOLVED:
-            raise ValueError(f"incident {incident_id} is resolved; nothing to acknowledge")
+            raise IncidentClosed(
+                f"incident {incident_id} is resolved; nothing to acknowledge",
+                incident=incident_id,
+                state=inc.state.value,
+            )
         self.changes = Changes()
         inc = dataclasses.replace(inc, state=IncidentState.ACKNOWLEDGED, acknowledged_by=by,
                                   acknowledged_ms=now_ms)  # fmt: skip

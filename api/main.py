@@ -6,7 +6,8 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from api import errors
-from api.middleware import BodyLimit, RequestMetrics
+from api.admission import Admission
+from api.middleware import BodyGuard, RequestMetrics, SecurityHeaders
 from api.routes import (
     admin,
     alerts,
@@ -77,6 +78,10 @@ def create_app(
         pages,
     ):
         app.include_router(module.router)
+    # Outermost last: headers on every answer, every answer counted, the token checked before
+    # any body is read, and only then a slot in the admission limit.
+    app.add_middleware(Admission, settings=settings.api)
+    app.add_middleware(BodyGuard, settings=settings)
     app.add_middleware(RequestMetrics, registry=registry)
-    app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(SecurityHeaders)
     return app

@@ -1,4 +1,5 @@
-"""ASGI middleware: a cap on request bodies, and request counts and latency for /metrics."""
+"""ASGI middleware: the token checked before the body is read, a cap on request bodies,
+security headers on every response, and request counts and latency for /metrics."""
 
 from __future__ import annotations
 
@@ -9,21 +10,52 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.deps import granted_scope
+from hbmwatch.settings import Settings
 
-class BodyLimit:
-    """Refuse bodies over ``max_bytes`` with a 413 before they are read into memory."""
+#: Methods that change state: all need a write or admin token.
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+
+class BodyGuard:
+    """Check the bearer token before any body is read, then cap the body.
+
+    A write without a valid token gets its 401 at once: its body is never read, so
+    unauthenticated uploads cost the server nothing.  A read without a valid token may carry
+    at most ``unauthenticated_bytes``; with one, ``max_bytes`` (413 past either).  The route
+    still checks the scope (a read token writing gets its 403 there).
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app = app
-        self.max_bytes = max_bytes
+        self.settings = settings
+        self.max_bytes = settings.api.max_body_bytes
+        self.unauthenticated_bytes = min(
+            settings.api.max_unauthenticated_body_bytes, settings.api.max_body_bytes
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
+        headers = dict(scope["headers"])
+        token = bearer_token(headers.get(b"authorization"))
+        granted = granted_scope(self.settings, token)
+        if granted is None and scope["method"] in WRITE_METHODS:
+            message = (
+                "the bearer token is not valid"
+                if token
+                else "this call needs a write token (Authorization: Bearer ...)"
+            )
+            await send_error(
+                send, 401, "unauthorized", message,
+                {"WWW-Authenticate": "Bearer", "Connection": "close"},  # the body stays unread
+            )  # fmt: skip
+            return
+        cap = self.max_bytes if granted is not None else self.unauthenticated_bytes
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cap:
+            await self._refuse(send, cap)
             return
         seen = 0
 
@@ -31,40 +63,91 @@ class BodyLimit:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
+            if seen > cap:
                 raise _TooLarge
             return message
 
         try:
             await self.app(scope, counted, send)
         except _TooLarge:
-            await self._refuse(send)
+            await self._refuse(send, cap)
 
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "error": {
-                    "code": "payload_too_large",
-                    "detail": {},
-                    "message": f"the body is over {self.max_bytes} bytes; send smaller batches",
-                }
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+    async def _refuse(self, send: Send, cap: int) -> None:
+        hint = "send smaller batches" if cap == self.max_bytes else "send a valid token"
+        message = f"the body is over {cap} bytes; {hint}"
+        await send_error(send, 413, "payload_too_large", message, {"Connection": "close"})
+
+
+def bearer_token(header: bytes | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, None for any other."""
+    if not header:
+        return None
+    scheme, _, token = header.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+async def send_error(
+    send: Send, status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> None:
+    """An answer in the API's error model, from middleware (outside FastAPI's handlers)."""
+    body = json.dumps({"error": {"code": code, "detail": {}, "message": message}}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
 
 
 class _TooLarge(Exception):
     pass
+
+
+#: The incident pages and every API answer: no scripts, nothing from elsewhere, no framing.
+STRICT_CSP = (
+    "default-src 'none'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+#: /docs and /redoc load Swagger UI and ReDoc from the jsDelivr CDN and start them inline.
+DOCS_CSP = (
+    "default-src 'none'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+    "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
+    "font-src https://fonts.gstatic.com; img-src 'self' data: https://fastapi.tiangolo.com "
+    "https://cdn.redoc.ly; connect-src 'self'; worker-src blob:; frame-ancestors 'none'; "
+    "base-uri 'none'"
+)
+DOCS_PATHS = ("/docs", "/redoc")
+_COMMON_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+]
+
+
+class SecurityHeaders:
+    """CSP, X-Frame-Options, nosniff and Referrer-Policy on every response, errors included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        docs = scope["path"].startswith(DOCS_PATHS)
+        csp = (DOCS_CSP if docs else STRICT_CSP).encode()
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0].lower() not in _OURS]
+                message = {**message, "headers": [*headers, *_COMMON_HEADERS,
+                                                  (b"content-security-policy", csp)]}  # fmt: skip
+            await send(message)
+
+        await self.app(scope, receive, secured)
+
+
+_OURS = frozenset(name for name, _ in _COMMON_HEADERS) | {b"content-security-policy"}
 
 
 class RequestMetrics:

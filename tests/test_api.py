@@ -258,6 +258,13 @@ def test_incident_detail_ack_and_resolve(client: TestClient, store: Store, clock
     ]
     missing = client.post("/api/v1/incidents/nope/resolve", headers=bearer(WRITE))
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    # a resolved incident cannot be acknowledged (409 with the reason); resolving is idempotent
+    again = client.post(f"/api/v1/incidents/{incident_id}/acknowledge", headers=bearer(WRITE))
+    assert again.status_code == 409, again.text
+    assert again.json()["error"]["code"] == "incident_closed"
+    assert "is resolved" in again.json()["error"]["message"]
+    redo = client.post(f"/api/v1/incidents/{incident_id}/resolve", headers=bearer(WRITE))
+    assert redo.status_code == 200 and redo.json()["state"] == "resolved"
 
 
 def test_alerts_filter_by_state_severity_and_labels(client: TestClient, store: Store,

@@ -9,8 +9,9 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Path, Query
 
+from alerts.engine import IncidentClosed
 from api.deps import AlertingDep, Scope, ScopeRead, ScopeWrite, StoreDep, actor
-from api.errors import ERROR_RESPONSES, not_found
+from api.errors import ERROR_RESPONSES, ApiError, ErrorResponse, not_found
 from api.params import Cursor, Limit, TimeParam, page, parse_time
 from api.schemas import (
     AlertOut,
@@ -75,14 +76,20 @@ def get_incident(store: StoreDep, _: ScopeRead, incident_id: IncidentId) -> Inci
     return detail(incident, alerts, store.now_ms())
 
 
-@router.post("/incidents/{incident_id}/acknowledge", response_model=IncidentOut)
+CONFLICT = {409: {"model": ErrorResponse, "description": "The incident is resolved."}}
+
+
+@router.post("/incidents/{incident_id}/acknowledge", response_model=IncidentOut, responses=CONFLICT)
 def acknowledge(
     scope: ScopeWrite,
     alerting: AlertingDep,
     incident_id: IncidentId,
     body: IncidentAction | None = None,
 ) -> IncidentOut:
-    """Someone is on it: the incident stays open, and the timeline says who."""
+    """Someone is on it: the incident stays open, and the timeline says who.
+
+    A resolved incident cannot be acknowledged: 409 ``incident_closed``.
+    """
     return _act(alerting.acknowledge, incident_id, scope, body)
 
 
@@ -93,7 +100,8 @@ def resolve(
     incident_id: IncidentId,
     body: IncidentAction | None = None,
 ) -> IncidentOut:
-    """Close it by hand; alerts still firing open a new incident."""
+    """Close it by hand; alerts still firing open a new incident.  Resolving a resolved
+    incident changes nothing and answers 200 (retries are safe)."""
     return _act(alerting.resolve, incident_id, scope, body)
 
 
@@ -108,6 +116,8 @@ def _act(
         return IncidentOut.of(action(incident_id, body.by or actor(scope), body.comment))
     except KeyError:
         raise not_found("incident", incident_id) from None
+    except IncidentClosed as exc:
+        raise ApiError(409, "incident_closed", str(exc), **exc.detail) from None
 
 
 def detail(incident: Incident, alerts: list[Alert], now_ms: int) -> IncidentDetail:
