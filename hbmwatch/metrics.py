@@ -107,6 +107,7 @@ DROP_REASONS: tuple[str, ...] = (
     "non_finite",
     "unmapped",
     "series_cap",
+    "label_too_long",
     "rejected_by_store",
 )
 
@@ -319,6 +320,18 @@ _DEFINITIONS: tuple[MetricDef, ...] = (
         scope=Scope.COLLECTOR,
         labels=("reason",),
         label_values={"reason": DROP_REASONS},
+    ),
+    _c(
+        "hbmwatch_scrape_skipped_ticks_total",
+        "scrapes",
+        "Scheduled scrapes of the target skipped because its loop fell behind.",
+        scope=Scope.COLLECTOR,
+    ),
+    _c(
+        "hbmwatch_scrape_late_total",
+        "scrapes",
+        "Scrapes of the target that started more than 50 ms after their tick.",
+        scope=Scope.COLLECTOR,
     ),
 )
 

@@ -9,23 +9,32 @@ Nothing is read at import time: call ``load_settings()``.
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
+from hbmwatch.settings_errors import explain, unknown_env_sections
 from hbmwatch.validation import ConfigError
 
 DEFAULT_CONFIG_FILE = "hbmwatch.toml"
 
 
-class StoreSettings(BaseModel):
+class _Section(BaseModel):
+    """A settings table: a key it does not know is a typo, refused rather than ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StoreSettings(_Section):
     url: str = Field(
         "sqlite:///hbmwatch.db",
         description="SQLAlchemy URL: sqlite:///FILE (default, in the working directory) or "
@@ -71,7 +80,7 @@ class StoreSettings(BaseModel):
         return url
 
 
-class ApiSettings(BaseModel):
+class ApiSettings(_Section):
     host: str = Field("127.0.0.1", description="Bind address; 127.0.0.1 unless told otherwise.")
     port: int = Field(8427, ge=1, le=65535)
     read_token: SecretStr | None = Field(None, description="Bearer token for reads.")
@@ -123,7 +132,7 @@ class TargetSettings(BaseModel):
     mapping: str | None = Field(None, description="Mapping file (TOML) for kind = mapped.")
 
 
-class CollectorSettings(BaseModel):
+class CollectorSettings(_Section):
     targets: list[TargetSettings] = []
     target_file: str | None = Field(
         None, description="JSON or TOML list of targets, re-read when it changes."
@@ -137,6 +146,12 @@ class CollectorSettings(BaseModel):
     )
     max_page_bytes: int = Field(64 * 2**20, gt=0, description="Larger pages fail the scrape.")
     series_per_target: int = Field(50_000, gt=0, description="Series cap per target.")
+    sample_limit: int = Field(
+        50_000, gt=0, description="A page with more samples is refused whole (target down)."
+    )
+    label_value_length_limit: int = Field(
+        1024, gt=0, description="Series with a longer label value are dropped and counted."
+    )
     latency_window_seconds: float = Field(60.0, gt=0, le=3600)
     spool_dir: str = Field(
         "hbmwatch-spool", description="Where batches wait while the store is down."
@@ -153,7 +168,7 @@ class CollectorSettings(BaseModel):
         return bool(self.targets or self.target_file or self.local_sources)
 
 
-class SimulatorSettings(BaseModel):
+class SimulatorSettings(_Section):
     enabled: bool | None = Field(
         None,
         description="Run the simulated fleet; by default only when no real targets are set.",
@@ -169,7 +184,7 @@ class SimulatorSettings(BaseModel):
     )
 
 
-class DetectionSettings(BaseModel):
+class DetectionSettings(_Section):
     enabled: bool = Field(True, description="Run the detectors inside `hbmwatch up`.")
     interval_seconds: float = Field(
         5.0, gt=0, le=600, description="How often a detection cycle reads the new samples."
@@ -183,7 +198,7 @@ class DetectionSettings(BaseModel):
     )
 
 
-class ReceiverSettings(BaseModel):
+class ReceiverSettings(_Section):
     """Where alerts go: a Prometheus Alertmanager, or a webhook taking its payload format."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
@@ -203,7 +218,7 @@ class ReceiverSettings(BaseModel):
     )
 
 
-class InhibitRuleSettings(BaseModel):
+class InhibitRuleSettings(_Section):
     """Alertmanager's inhibit rule: a firing source mutes targets sharing the ``equal`` labels."""
 
     source_matchers: list[str] = Field(min_length=1)
@@ -236,7 +251,7 @@ DEFAULT_INHIBIT_RULES = [
 ]
 
 
-class AlertSettings(BaseModel):
+class AlertSettings(_Section):
     enabled: bool = Field(True, description="Turn findings into alerts inside `hbmwatch up`.")
     receivers: list[ReceiverSettings] = []
     external_url: str = Field(
@@ -322,12 +337,28 @@ def config_path(explicit: Path | None = None) -> Path | None:
 
 
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
-    """Build the settings; a named config file must exist."""
+    """Build the settings; any problem is a ConfigError of one line naming the file or variable.
+
+    A named config file must exist; unknown sections and keys are refused, with the closest
+    valid spelling, because a typo silently ignored runs with a default nobody chose.
+    """
     path = config_path(config)
     if path is not None and not path.is_file():
         raise ConfigError(f"config file {path} does not exist", field="config")
+    if problems := unknown_env_sections(Settings):
+        raise ConfigError(problems, field="environment")
 
     class _FromFile(Settings):
         model_config = SettingsConfigDict(toml_file=path)
 
-    return _FromFile(**overrides)
+    try:
+        return _FromFile(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, Settings, path), field="settings") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}", field="config") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}", field="config") from None
+    except SettingsError as exc:  # e.g. HBMWATCH_ALERTS__RECEIVERS that is not JSON
+        cause = f": {exc.__cause__}" if exc.__cause__ else ""
+        raise ConfigError(f"{exc}{cause}".replace("\n", " "), field="environment") from None

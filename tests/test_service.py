@@ -105,7 +105,11 @@ def test_up_serves_health_and_readiness(running: tuple[str, subprocess.Popen[str
     base, proc = running
     assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{base}/readyz")
-    assert ready.status_code == 200
+    deadline = time.monotonic() + 120  # ready once a scrape completed (no start-up grace)
+    while ready.status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.3)
+        ready = httpx.get(f"{base}/readyz")
+    assert ready.status_code == 200, ready.text
     assert ready.json()["checks"] == {"store": "ok", "schema": "ok", "collector": "ok",
                                       "detection": "ok"}  # fmt: skip
     # The simulated fleet is scraped, detected on and exported: margins per GPU on /metrics.
