@@ -12,13 +12,18 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hbmwatch import log
 from hbmwatch.validation import HbmwatchError
+from store.guard import unavailable_reason
 from store.store import SchemaOutdated, StoreUnavailable
 
 logger = log.get("hbmwatch.api")
+#: What a 503 asks a client to wait before trying again.
+RETRY_AFTER_SECONDS = "5"
 
 
 class ErrorBody(BaseModel):
@@ -90,7 +95,19 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StoreUnavailable)
     @app.exception_handler(SchemaOutdated)
     async def _unavailable(_: Request, exc: HbmwatchError) -> JSONResponse:
-        return _json(503, "store_unavailable", str(exc), exc.detail, {"Retry-After": "5"})
+        return _json(503, "store_unavailable", str(exc), exc.detail,
+                     {"Retry-After": RETRY_AFTER_SECONDS})  # fmt: skip
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    @app.exception_handler(DisconnectionError)
+    @app.exception_handler(SQLAlchemyTimeoutError)
+    async def _database_down(_: Request, exc: Exception) -> JSONResponse:
+        """A safety net: the store maps these itself (store/guard.py); an outage is never
+        a 500, whichever path reached the database."""
+        reason = unavailable_reason(exc) or type(exc).__name__
+        return _json(503, "store_unavailable", f"the store is unavailable: {reason}",
+                     headers={"Retry-After": RETRY_AFTER_SECONDS})  # fmt: skip
 
     @app.exception_handler(HbmwatchError)
     async def _domain(_: Request, exc: HbmwatchError) -> JSONResponse:

@@ -1,0 +1,115 @@
+"""The collector's writer while the store is locked or stuck (issue 12, points 2 and 11).
+
+Another connection takes a real SQLite file's write lock, as another process would: the
+event loop must keep running (scrapes, /healthz), batches must reach the spool rather than
+wait in memory, and once the lock is gone every sample is stored, in scrape order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from collector.spool import Spool
+from collector.writer import BatchingSink, SpoolingWriter
+from hbmwatch.query import Aggregation, parse_selector
+from hbmwatch.records import Sample, SeriesKey
+from store.store import Store, WriteResult
+from tests.conftest import NOW, Clock, make_store
+
+KEY = SeriesKey("gpu_power_watts", {"cluster": "c", "rack": "r", "host": "h", "gpu": "0"})
+BATCH = 10
+
+
+def batch(i: int) -> list[Sample]:
+    """Batch ``i``: its own ten timestamps, each value saying which batch it came in."""
+    base = int(NOW * 1000) - 3_600_000 + i * BATCH * 1000
+    return [Sample(KEY, base + j * 1000, float(i)) for j in range(BATCH)]
+
+
+@pytest.fixture
+def locked(tmp_path: Path, clock: Clock) -> Iterator[tuple[Store, sqlite3.Connection]]:
+    db = tmp_path / "db.sqlite"
+    store = make_store(f"sqlite:///{db}", clock, sqlite_busy_timeout_seconds=3.0)
+    store.write(batch(0))  # the series exists: a locked write then waits in the busy handler
+    other = sqlite3.connect(db, timeout=1, isolation_level=None)
+    yield store, other
+    other.close()
+    store.close()
+
+
+def stored(store: Store) -> float:
+    q = store.range_query(parse_selector("gpu_power_watts"), NOW - 7200, NOW, 3600,
+                          Aggregation.COUNT)  # fmt: skip
+    return sum(p.value for s in q.series for p in s.points)
+
+
+def test_a_locked_store_neither_blocks_the_loop_nor_holds_batches_in_memory(
+    locked: tuple[Store, sqlite3.Connection], tmp_path: Path
+) -> None:
+    store, other = locked
+    order: list[float] = []
+
+    def write(samples: list[Sample]) -> WriteResult:  # the real store, order recorded
+        result = store.write(samples)
+        order.extend(dict.fromkeys(s.value for s in samples))
+        return result
+
+    spool = Spool(tmp_path / "spool", 10**9)
+    sink = BatchingSink(SpoolingWriter(write, spool, retry_seconds=0.0), 10**6, 3600.0)
+
+    async def scrape_while_locked() -> float:
+        other.execute("BEGIN EXCLUSIVE")
+        worst, last = 0.0, time.monotonic()
+        for i in range(1, 41):  # 40 flushes, 50 ms apart, while the lock is held
+            sink.add(batch(i))
+            sink.hand_off()
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            worst, last = max(worst, now - last), now
+        spooled_while_locked = spool.pending()
+        other.execute("COMMIT")
+        sink.add(batch(41))
+        await sink.flush()
+        assert spooled_while_locked > 0, "batches waited in memory instead of the spool"
+        return worst
+
+    worst = asyncio.run(scrape_while_locked())
+    assert worst < 1.0, f"the event loop stalled {worst:.2f} s behind a locked store"
+    sink.add(batch(42))
+    asyncio.run(sink.flush())  # the spool is replayed behind the retry
+    assert spool.pending() == 0
+    assert stored(store) == 43 * BATCH
+    assert order == sorted(order), "samples reached the store out of scrape order"
+    assert sink.totals.spooled > 0 and sink.totals.replayed == sink.totals.spooled
+
+
+def test_a_stop_spools_what_a_stuck_write_holds(
+    locked: tuple[Store, sqlite3.Connection], tmp_path: Path, clock: Clock
+) -> None:
+    store, other = locked
+    spool = Spool(tmp_path / "spool", 10**9)
+    sink = BatchingSink(SpoolingWriter(store.write, spool), 10**6, 3600.0, drain_seconds=0.5)
+    other.execute("BEGIN EXCLUSIVE")
+    for i in range(1, 4):
+        sink.add(batch(i))
+        sink.hand_off()
+    sink.add(batch(4))
+    started = time.monotonic()
+    asyncio.run(sink.flush())  # a stop: the writer is stuck in the busy handler
+    assert time.monotonic() - started < 2.5, "the stop waited for the stuck write"
+    assert spool.pending() == 4  # the batch inside the stuck write, the queued ones, the last
+    other.execute("COMMIT")
+    deadline = time.monotonic() + 60
+    while sink.queued() and time.monotonic() < deadline:  # the stuck write may still land
+        time.sleep(0.05)
+    # A restarted collector replays the spool; a batch stored twice counts once.
+    replay = SpoolingWriter(store.write, Spool(tmp_path / "spool", 10**9), retry_seconds=0.0)
+    replay.write(batch(5))
+    assert replay.spool.pending() == 0
+    assert stored(store) == 6 * BATCH
