@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter
 from hbmwatch import log
 from hbmwatch.records import Alert, AlertState, Delivery, Silence
 from hbmwatch.settings import AlertSettings, ReceiverSettings
+from store.guard import StoreUnavailable
 
 WEBHOOK_REPEAT_SECONDS = 4 * 3600
 """A still-firing incident is notified to a webhook again this often: Alertmanager's
@@ -408,6 +409,8 @@ class Dispatcher:
         while not stop.is_set():
             try:
                 await self.tick()
+            except StoreUnavailable as exc:  # an outage, not a bug: no traceback each second
+                logger.warning("alert delivery pass skipped: store unavailable", error=str(exc))
             except Exception:
                 logger.exception("alert delivery pass failed")
             with contextlib.suppress(TimeoutError):

@@ -17,7 +17,7 @@ from alerts.matchers import checked
 from hbmwatch import log
 from hbmwatch.records import AlertState, Finding, Incident, Matcher, Silence
 from hbmwatch.settings import AlertSettings
-from store.store import Store
+from store.store import Store, StoreUnavailable
 
 logger = log.get("hbmwatch.alerting")
 
@@ -28,6 +28,8 @@ class Alerting:
         self.settings = settings
         self.engine = AlertEngine(settings)
         self._lock = threading.Lock()
+        #: What the engine changed but the store did not take (an outage): saved next time.
+        self._unsaved = Changes()
 
     def start(self) -> None:
         """Load live state, then apply what the findings table says happened since."""
@@ -56,12 +58,22 @@ class Alerting:
         return changes
 
     def _save(self, changes: Changes) -> None:
+        """Write what changed; if the store is down, keep it to write with the next changes
+        (the engine already holds the new state, so a retry of ``process`` alone would find
+        nothing changed) and raise."""
+        changes = Changes(changes.alerts | self._unsaved.alerts,
+                          changes.incidents | self._unsaved.incidents)  # fmt: skip
         if not changes:
             return
         e = self.engine
         alerts = [e.alerts[i] for i in changes.alerts if i in e.alerts]
         incidents = [e.incidents[i] for i in changes.incidents if i in e.incidents]
-        self.store.alerts.save(alerts=alerts, incidents=incidents)
+        try:
+            self.store.alerts.save(alerts=alerts, incidents=incidents)
+        except StoreUnavailable:
+            self._unsaved = changes
+            raise
+        self._unsaved = Changes()
         for inc in incidents:
             if len(inc.timeline) and inc.timeline[-1].kind in ("opened", "resolved", "reopened"):
                 logger.info(f"incident {inc.timeline[-1].kind}", id=inc.id, title=inc.title,

@@ -20,7 +20,7 @@ from detectors.frame import WATCHED_METRICS, Frame, FrameBuilder, route
 from hbmwatch import log
 from hbmwatch.records import Finding
 from store.feed import RecentSamples, SampleBlock
-from store.store import Store
+from store.store import Store, StoreUnavailable
 
 logger = log.get("hbmwatch.detection")
 STATE_PREFIX = "detector:"
@@ -74,6 +74,8 @@ class DetectionRunner:
         self.open: dict[str, Finding] = {}
         self._saved_ms = 0
         self.last_frame: Frame | None = None
+        #: Findings the store could not take yet (an outage), written with the next cycle's.
+        self.unsaved: dict[str, Finding] = {}
 
     def start(self) -> None:
         """Watch the detectors' metrics and load every detector's saved state."""
@@ -129,8 +131,11 @@ class DetectionRunner:
         self._record(findings, report)
         self.frame_end_ms = end
         if end - self._saved_ms >= self.state_every_ms:
-            self.save_state()
-            self._saved_ms = end
+            try:
+                self.save_state()
+                self._saved_ms = end
+            except StoreUnavailable as exc:  # saved again at the next cycle that can
+                logger.warning("detector state not saved: store unavailable", error=str(exc))
         report.start_ms, report.end_ms, report.late = start, end, frame.late
         report.gpus, report.workloads = len(frame.gpus), len(frame.workloads)
         report.seconds = time.perf_counter() - started
@@ -192,6 +197,21 @@ class DetectionRunner:
                 merged.pop(f.id, None)
         return list(merged.values())
 
+    def _save_findings(self, latest: dict[str, Finding]) -> None:
+        """Write this cycle's findings with any an outage held back; hold them if it goes on.
+
+        The cycle itself carries on: its frame is done and the detectors have moved past
+        it, so failing here would lose the findings rather than retry them.
+        """
+        self.unsaved.update(latest)
+        try:
+            self.store.findings.save(self.unsaved.values())
+        except StoreUnavailable as exc:
+            logger.warning("findings held until the store is back", findings=len(self.unsaved),
+                           error=str(exc))  # fmt: skip
+            return
+        self.unsaved = {}
+
     def _record(self, findings: list[Finding], report: CycleReport) -> None:
         latest = {f.id: self._keep_causes(f) for f in findings}
         report.findings = list(latest.values())
@@ -206,7 +226,7 @@ class DetectionRunner:
                 self.open[f.id] = f
             else:
                 self.open.pop(f.id, None)
-        self.store.findings.save(latest.values())
+        self._save_findings(latest)
         for f in report.opened:
             logger.info("finding opened", kind=f.kind, entity=dict(f.entity), summary=f.summary)
         for f in report.closed:

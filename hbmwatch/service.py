@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,28 +22,33 @@ from prometheus_client import CollectorRegistry
 
 from alerts.delivery import Dispatcher
 from api.main import create_app
-from collector.engine import BatchingSink, ScrapeEngine
+from collector.engine import ScrapeEngine
 from collector.spool import Spool
 from collector.targets import Target as CollectorTarget
 from collector.targets import TargetSet
-from collector.writer import SpoolingWriter
+from collector.writer import BatchingSink, SpoolingWriter
 from detectors import default_detectors
 from detectors.context import Context
 from hbmwatch import log
 from hbmwatch.alerting import Alerting
 from hbmwatch.detection import DetectionRunner
+from hbmwatch.records import Finding
 from hbmwatch.settings import DetectionSettings, Settings
 from hbmwatch.status import ServiceStatus, snapshot_from_frame
+from hbmwatch.supervise import exit_deadline, exits_on_fatal, stop_on_signals, supervise
 from hbmwatch.validation import ConfigError
 from simulator.runner import Simulation
 from simulator.scenario import load_scenario
 from simulator.server import SimServer, Target
 from store.engine import create_store_engine
+from store.guard import unavailable
 from store.migrate import upgrade
 from store.store import Store, StoreUnavailable, open_store
 
 COMPACT_EVERY_SECONDS = 15.0
 RETENTION_EVERY_SECONDS = 3600.0
+#: At a stop, how long the collector waits for a stuck store write before spooling instead.
+DRAIN_SECONDS = 20.0
 
 logger = log.get("hbmwatch.service")
 
@@ -59,9 +66,11 @@ def tune_gc() -> None:
 
 
 def migrate(settings: Settings) -> str | None:
+    """Upgrade the schema; an unreachable database is a one-line StoreUnavailable."""
     engine = create_store_engine(settings.store.url)
     try:
-        return upgrade(engine)
+        with unavailable():
+            return upgrade(engine)
     finally:
         engine.dispose()
 
@@ -79,6 +88,8 @@ async def maintain(store: Store, stop: asyncio.Event) -> None:
                 expired = await asyncio.to_thread(store.apply_retention)
                 logger.info("retention applied", **expired)
                 since_retention = 0.0
+        except StoreUnavailable as exc:
+            logger.warning("store maintenance skipped: store unavailable", error=str(exc))
         except Exception:
             logger.exception("store maintenance failed; retrying")
         with contextlib.suppress(TimeoutError):
@@ -155,7 +166,12 @@ def build_collector(
     """The collector wired to the store: spool, batching sink, targets, inventory."""
     c = settings.collector
     spool = Spool(Path(c.spool_dir), c.spool_max_bytes, registry)
-    sink = BatchingSink(SpoolingWriter(store.write, spool), c.flush_samples, c.flush_seconds)
+    sink = BatchingSink(
+        SpoolingWriter(store.write, spool),
+        c.flush_samples,
+        c.flush_seconds,
+        drain_seconds=DRAIN_SECONDS,
+    )
     return ScrapeEngine(
         TargetSet(c, extra),
         sink,
@@ -206,30 +222,44 @@ async def run(settings: Settings) -> None:
         targets=len(collector.targets.current()),
         local_sources=len(collector.local_sources),
     )
+    stop_on_signals(stop, also=lambda: setattr(server, "should_exit", True))
     try:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(maintain(store, stop))
-            if sim_server is not None:
-                group.create_task(sim_server.run(stop))
-            group.create_task(collector.run(stop))
-            alerting = None
-            if settings.alerts.enabled:
-                alerting = Alerting(store, settings.alerts)
-                await asyncio.to_thread(alerting.start)
-                app.state.alerting = alerting
-                if delivering:
-                    group.create_task(deliver(store, settings, stop, registry))
-            if settings.detection.enabled:
-                status.detection_interval_seconds = settings.detection.interval_seconds
-                group.create_task(detect(store, settings.detection, stop, alerting, status))
-            try:
-                await server.serve()
-            finally:  # cancelled too (a signal before uvicorn took over): every loop ends
-                stop.set()
+        with exits_on_fatal():
+            async with asyncio.TaskGroup() as group:
+                spawn = functools.partial(_spawn, group, stop)
+                spawn("maintenance", lambda: maintain(store, stop))
+                if sim_server is not None:
+                    group.create_task(sim_server.run(stop))
+                spawn("collector", lambda: collector.run(stop))
+                alerting = None
+                if settings.alerts.enabled:
+                    alerting = Alerting(store, settings.alerts)
+                    await asyncio.to_thread(alerting.start)
+                    app.state.alerting = alerting
+                    if delivering:
+                        spawn("delivery", lambda: deliver(store, settings, stop, registry))
+                if settings.detection.enabled:
+                    status.detection_interval_seconds = settings.detection.interval_seconds
+                    detecting = functools.partial(
+                        detect, store, settings.detection, stop, alerting, status
+                    )
+                    spawn("detection", detecting)
+                try:
+                    await server.serve()
+                finally:  # cancelled too (a signal before uvicorn took over): every loop ends
+                    stop.set()
+                    exit_deadline()
     finally:
         if sim_server is not None:
             await sim_server.close()
         store.close()
+
+
+def _spawn(
+    group: asyncio.TaskGroup, stop: asyncio.Event, name: str, loop: Callable[[], Awaitable[None]]
+) -> None:
+    """Run ``loop`` in ``group``, restarted after errors (hbmwatch/supervise.py)."""
+    group.create_task(supervise(name, loop, stop))
 
 
 async def deliver(
@@ -263,6 +293,7 @@ async def detect(
         context=Context(),
     )
     await asyncio.to_thread(runner.start)
+    held: dict[str, Finding] = {}  # findings alerting has not taken yet (an outage)
     try:
         while not stop.is_set():
             try:
@@ -271,8 +302,10 @@ async def detect(
                     frame = runner.last_frame
                     snapshot = snapshot_from_frame(frame) if frame is not None else None
                     status.record_cycle(report.seconds, snapshot)
-                if alerting is not None:
-                    await asyncio.to_thread(alerting.process, report.findings)
+                held.update((f.id, f) for f in report.findings)
+                if alerting is not None and held:
+                    await asyncio.to_thread(alerting.process, list(held.values()))
+                held.clear()
                 if report.seconds > settings.interval_seconds:
                     logger.warning("detection cycle slower than its interval",
                                    seconds=round(report.seconds, 2))  # fmt: skip
@@ -306,16 +339,20 @@ async def collect(
             await collector.sink.flush()
             return reports
         logger.info("collector starting", targets=len(collector.targets.current()))
-        async with asyncio.TaskGroup() as group:
-            group.create_task(maintain(store, stop))
-            group.create_task(collector.run(stop))
-            group.create_task(_report_progress(collector, stop))
-            if seconds is not None:
-                await asyncio.sleep(seconds)
-                stop.set()
+        stop_on_signals(stop)
+        with exits_on_fatal():
+            async with asyncio.TaskGroup() as group:
+                _spawn(group, stop, "maintenance", lambda: maintain(store, stop))
+                _spawn(group, stop, "collector", lambda: collector.run(stop))
+                group.create_task(_report_progress(collector, stop))
+                if seconds is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), seconds)
+                    stop.set()
         return []
     finally:
         stop.set()
+        exit_deadline()
         store.close()
 
 
