@@ -51,12 +51,34 @@ def resolve(entry: TargetSettings, defaults: CollectorSettings) -> Target:
     return Target(entry.kind, entry.url, dict(entry.labels), interval, timeout, entry.mapping)
 
 
+def read_config_text(path: Path, field: str) -> str:
+    """A config file's text as UTF-8; an unreadable or undecodable file is a ConfigError.
+
+    A stray Latin-1 byte (an editor saving ``é`` as 0xE9) used to raise UnicodeDecodeError
+    past every handler and stop the collector; now the caller keeps what it had.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}", field=field) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}: not UTF-8: byte 0x{data[exc.start]:02x} at offset {exc.start} (line {line})",
+            field=field,
+        ) from None
+
+
 def parse_target_file(path: Path) -> list[TargetSettings]:
-    text = path.read_text()
+    text = read_config_text(path, "target_file")
     try:
         data: Any = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: cannot parse: {exc}", field="target_file") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: cannot parse: nested too deeply", field="target_file") from None
     if isinstance(data, dict):
         data = data.get("targets", [])
     try:
@@ -90,10 +112,12 @@ class TargetSet:
         assert self._file is not None
         try:
             stat = self._file.stat()
-        except FileNotFoundError:
-            if self.last_error is None or "missing" not in self.last_error:
-                self.last_error = f"target file {self._file} is missing; keeping the last targets"
-                logger.warning(self.last_error)
+        except OSError as exc:  # missing, or a folder on its path we may not enter
+            why = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read: {exc}"
+            error = f"target file {self._file} {why}; keeping the last targets"
+            if error != self.last_error:
+                self.last_error = error
+                logger.warning(error)
             return
         stamp = (stat.st_mtime, stat.st_size)
         if stamp == self._file_stamp:

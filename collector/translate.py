@@ -116,14 +116,18 @@ class TickPeriod:
         self._period: dict[object, float] = {}
 
     def observe(self, device: object, ts_ms: int, ticks: float) -> float:
+        """The device's period; a non-finite counter reading (``+Inf``) measures nothing."""
         if device in self._period:
             return self._period[device]
+        if not math.isfinite(ticks):
+            return self.DEFAULT
         first = self._first.setdefault(device, (ts_ms, ticks))
         span_ms, moved = ts_ms - first[0], ticks - first[1]
-        if span_ms >= self.MIN_SPAN_MS and moved > 0:
-            period = 10 ** round(math.log10(span_ms / 1000 / moved))
-            self._period[device] = period
-            return period
+        if span_ms >= self.MIN_SPAN_MS and math.isfinite(moved) and moved > 0:
+            exponent = round(math.log10(span_ms / 1000) - math.log10(moved))
+            if -300 <= exponent <= 300:  # past that, 10.0 ** exponent overflows
+                period = self._period[device] = 10.0**exponent
+                return period
         return self.DEFAULT
 
 

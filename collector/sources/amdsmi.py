@@ -9,6 +9,7 @@ and a fake library.  Without ROCm the ``amdsmi`` wheel raises ``KeyError`` (not
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 from collections.abc import Callable, Mapping
@@ -20,6 +21,9 @@ from hbmwatch.records import Device, SeriesKey
 
 Runner = Callable[[list[str]], str]
 _VALUE_UNIT = re.compile(r"^\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(\S*)\s*$")
+#: ``amd-smi monitor``'s VRAM_USAGE cell, ``"12.3/ 192.0 GB"`` (a bare ``[\d.]+`` let ``1..2``
+#: through to ``float()``).
+_VRAM = re.compile(r"(\d+(?:\.\d+)?)/\s*(\d+(?:\.\d+)?) GB")
 
 
 class SourceUnavailable(RuntimeError):
@@ -52,11 +56,20 @@ def leaf(value: Any) -> tuple[float, str] | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value), ""
+        return _float(value), ""
     if isinstance(value, str):
         m = _VALUE_UNIT.match(value)
         return (float(m.group(1)), m.group(2)) if m else None
     return None
+
+
+def _float(value: float) -> float:
+    """A JSON number as a float; an integer past float range (``1`` and 400 zeros) is +-inf,
+    which ``Collected.add`` then counts as non-finite instead of raising OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def gpus_from_json(text: str) -> list[dict[str, Any]]:
@@ -82,7 +95,7 @@ def gpus_from_text(text: str) -> list[dict[str, Any]]:
             continue
         key, value = key.strip().lower(), value.strip()
         if indent == 0 and key == "gpu":
-            gpus.append({"gpu": int(value) if value.isdigit() else value})
+            gpus.append({"gpu": int(value) if value.isascii() and value.isdigit() else value})
             stack = [(0, gpus[-1])]
             continue
         if not stack:
@@ -139,7 +152,7 @@ class AmdSmiTranslator:
         out = Collected()
         for record in gpus:
             gpu = str(record.get("gpu", ""))
-            if not gpu.isdigit():
+            if not (gpu.isascii() and gpu.isdigit()):
                 out.drop("no_device")
                 continue
             device = self._device(gpu, record)
@@ -229,7 +242,7 @@ class AmdSmiTranslator:
                 factor = spelling.UNITS.get(read[1], 1.0)
                 out.add(SeriesKey(metric, {**labels, **fixed}), ts_ms, read[0] * factor)
             vram = row.get("VRAM_USAGE", "")
-            if m := re.match(r"([\d.]+)/\s*([\d.]+) GB", vram):
+            if m := _VRAM.match(vram):
                 out.add(
                     SeriesKey("gpu_memory_used_bytes", labels), ts_ms, float(m.group(1)) * 2**30
                 )
@@ -263,6 +276,14 @@ class AmdSmiCollector:
             out.drop("malformed", why=f"amd-smi metric --json: {exc}")
             return out
         return self._translator.translate(gpus, ts_ms)
+
+
+def _sequence(out: Collected, value: Any) -> list[Any] | tuple[Any, ...]:
+    """A per-stack or per-link reading; anything else (``"N/A"``) is counted, not iterated."""
+    if value is None or isinstance(value, list | tuple):
+        return value or ()
+    out.drop("unsupported")
+    return ()
 
 
 def import_amdsmi() -> Any:
@@ -314,7 +335,7 @@ class AmdSmiLibraryCollector:
                     out.add(SeriesKey(metric, {**labels, **fixed}), ts_ms, value * factor)
                 else:
                     out.drop("unsupported")
-            for stack, value in enumerate(m.get("temperature_hbm") or []):
+            for stack, value in enumerate(_sequence(out, m.get("temperature_hbm"))):
                 if isinstance(value, int | float):
                     out.add(
                         SeriesKey(
@@ -338,7 +359,7 @@ class AmdSmiLibraryCollector:
                         value * period,
                     )
             for direction, key in (("rx", "xgmi_read_data_acc"), ("tx", "xgmi_write_data_acc")):
-                for link, value in enumerate(m.get(key) or []):
+                for link, value in enumerate(_sequence(out, m.get(key))):
                     if isinstance(value, int | float):
                         out.add(
                             SeriesKey(

@@ -32,7 +32,7 @@ class DcgmTranslator(LineTranslator):
     def _device(self, labels: dict[str, str]) -> Device | None:
         gpu = labels.get("gpu")
         host = labels.get("hostname") or labels.get("Hostname") or ""
-        if gpu is None or not gpu.isdigit():
+        if gpu is None or not (gpu.isascii() and gpu.isdigit()):
             return None
         device = device_for(
             self.static,
@@ -77,10 +77,15 @@ class DcgmTranslator(LineTranslator):
     def _finish(self, out: Collected, special: list[tuple[Mapped, float]], ts_ms: int) -> None:
         fallback = []
         for m, value in special:
-            if spelling.is_sentinel(value):
+            if value - value != 0:  # NaN or an infinity: no bitmask, no value
+                out.drop("non_finite")
+            elif spelling.is_sentinel(value):
                 out.drop("sentinel")
             elif m.special == "bitmask":
-                self._decode(out, m.key, int(value), ts_ms)  # type: ignore[arg-type]
+                if value < 0 or value != int(value):
+                    out.drop("malformed", why=f"clocks-event-reasons bitmask {value!r}")
+                else:
+                    self._decode(out, m.key, int(value), ts_ms)  # type: ignore[arg-type]
             else:
                 fallback.append((m, value))
         add_fallbacks(out, fallback, ts_ms)

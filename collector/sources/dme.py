@@ -58,7 +58,7 @@ class DmeTranslator(LineTranslator):
         parts = PARTITIONS.get(mode, 1)
         logical = labels.get("gpu_id")
         ident = labels.get("serial_number") or labels.get("gpu_uuid")
-        if logical is not None and logical.isdigit():
+        if logical is not None and logical.isascii() and logical.isdigit():
             gpu = str(int(logical) // parts)
             part_id = labels.get("gpu_partition_id", str(int(logical) % parts))
         elif ident:
@@ -128,7 +128,14 @@ class DmeTranslator(LineTranslator):
         return out
 
     def _finish(self, out: Collected, special: list[tuple[Mapped, float]], ts_ms: int) -> None:
-        ticks = {m.device: value for m, value in special if m.special == "tick_counter"}
+        ticks = {}
+        for m, value in special:
+            if m.special != "tick_counter":
+                continue
+            if value - value != 0:  # NaN or an infinity measures no tick period
+                out.drop("non_finite")
+            else:
+                ticks[m.device] = value
         fallback = []
         for m, value in special:
             if m.special == "ticks":

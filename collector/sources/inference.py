@@ -149,7 +149,12 @@ class InferenceTranslator:
         if base is None or q is None:
             out.drop("no_device")
             return
-        canonical = next((c for c in QUANTILES if float(c) == float(q)), None)
+        try:
+            wanted = float(q)
+        except ValueError:
+            out.drop("malformed", why=f"{sample.series.name}: quantile {q[:40]!r}")
+            return
+        canonical = next((c for c in QUANTILES if float(c) == wanted), None)
         if canonical is None:
             return
         out.add(

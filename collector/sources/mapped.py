@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from collector.exposition import ParsedPage, ParsedSample, SeriesCache, parse
 from collector.sources.inference import InferenceTranslator
+from collector.targets import read_config_text
 from collector.translate import Collected, Mapped
 from hbmwatch import metrics
 from hbmwatch.records import SeriesKey
@@ -60,13 +61,15 @@ class Mapping_(_Strict):
 
 
 def load_mapping(path: Path) -> Mapping_:
+    if not path.exists():
+        raise ConfigError(f"mapping file {path} does not exist", field="mapping")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_config_text(path, "mapping"))
         mapping = Mapping_.model_validate(data)
-    except FileNotFoundError:
-        raise ConfigError(f"mapping file {path} does not exist", field="mapping") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}", field="mapping") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply", field="mapping") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])

@@ -109,20 +109,29 @@ class NvidiaSmiTranslator:
                 out.add(key, ts_ms, value)
             for field in spelling.BITMASK_FIELDS:
                 if field in row and row[field][0].startswith("0x"):
-                    bits = int(row[field][0], 16)
-                    for bit, reason in dcgm_spelling.THROTTLE_BITS.items():
-                        out.add(
-                            SeriesKey("gpu_throttle_active", {**labels, "reason": reason}),
-                            ts_ms,
-                            1.0 if bits & bit else 0.0,
-                        )
+                    self._bitmask(out, labels, row[field][0], ts_ms)
         return out
+
+    @staticmethod
+    def _bitmask(out: Collected, labels: dict[str, str], text: str, ts_ms: int) -> None:
+        """One active flag per throttle reason; a mask that is not hex is counted, not fatal."""
+        try:
+            bits = int(text, 16)
+        except ValueError:
+            out.drop("malformed", why=f"clocks_event_reasons bitmask {text[:40]!r}")
+            return
+        for bit, reason in dcgm_spelling.THROTTLE_BITS.items():
+            out.add(
+                SeriesKey("gpu_throttle_active", {**labels, "reason": reason}),
+                ts_ms,
+                1.0 if bits & bit else 0.0,
+            )
 
     def translate_xml(self, text: str, ts_ms: int) -> Collected:
         out = Collected()
         try:
             root = ET.fromstring(text)
-        except ET.ParseError as exc:
+        except (ET.ParseError, ValueError) as exc:  # ValueError: lone surrogates in the text
             out.drop("malformed", why=f"nvidia-smi -q -x: {exc}")
             return out
         driver = root.findtext("driver_version", "")
