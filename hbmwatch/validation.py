@@ -6,6 +6,7 @@ turn any of them into a 4xx with a reason and the CLI into a one-line message.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -80,31 +81,44 @@ def check_label_value(name: str, value: str) -> str:
     return value
 
 
+_UNITS = {"y": 365 * 86400.0, "w": 7 * 86400.0, "d": 86400.0, "h": 3600.0, "m": 60.0,
+          "s": 1.0, "ms": 0.001}  # fmt: skip
+# Prometheus's spelling: units largest first, each at most once ("1h30m", "2w", "500ms"); a
+# number may carry a fraction ("1.5h") and parts may be spaced ("1h 30m").
 _DURATION = re.compile(
-    r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$"
+    r"^\s*"
+    + "".join(rf"(?:(\d+(?:\.\d+)?){unit}{'(?!s)' if unit == 'm' else ''}\s*)?" for unit in _UNITS)
+    + r"$"
+)
+_SECONDS = re.compile(r"^\s*\d+(?:\.\d+)?\s*$")
+DURATION_HELP = (
+    "seconds (90) or a number with units y, w, d, h, m, s, ms, largest first (1h30m, 7d)"
 )
 
 
 def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string like ``90s``, ``15m``, ``1h30m``.
+    """Seconds from a number or a Prometheus-style duration string.
 
-    >>> parse_duration("1h30m"), parse_duration("90s"), parse_duration(12)
-    (5400.0, 90.0, 12.0)
+    Every duration people type (silences, scenario timings, API steps) goes through here, so
+    they all accept the same spellings and fail with the same message.
+
+    >>> parse_duration("1h30m"), parse_duration("90s"), parse_duration(12), parse_duration("2w")
+    (5400.0, 90.0, 12.0, 1209600.0)
+    >>> parse_duration("1d12h"), parse_duration("250ms"), parse_duration("3600")
+    (129600.0, 0.25, 3600.0)
     """
     if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or a string like '15m'")
-    if isinstance(value, int | float):
+        raise ValueError(f"{value!r} is not a duration: use {DURATION_HELP}")
+    if isinstance(value, int | float) or (isinstance(value, str) and _SECONDS.match(value)):
         seconds = float(value)
-    elif (
-        isinstance(value, str)
-        and value.strip()
-        and (m := _DURATION.match(value))
-        and any(m.groups())
-    ):
-        h, mi, s = (float(x) if x else 0.0 for x in m.groups())
-        seconds = h * 3600 + mi * 60 + s
+    elif isinstance(value, str) and (m := _DURATION.match(value)) and any(m.groups()):
+        seconds = sum(
+            float(n) * unit for n, unit in zip(m.groups(), _UNITS.values(), strict=True) if n
+        )
     else:
-        raise ValueError(f"{value!r} is not a duration (use seconds or e.g. '90s', '15m', '1h')")
+        raise ValueError(f"{value!r} is not a duration: use {DURATION_HELP}")
+    if not math.isfinite(seconds):
+        raise ValueError(f"{value!r} is not a duration: it must be finite")
     if seconds < 0:
         raise ValueError("a duration cannot be negative")
     return seconds
