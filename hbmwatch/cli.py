@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import json
 import sys
 from pathlib import Path
@@ -11,9 +12,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from hbmwatch import cli_alerts, log
+from hbmwatch import cli_alerts, log, preflight
 from hbmwatch.settings import Settings, load_settings
 from hbmwatch.validation import HbmwatchError
 
@@ -36,25 +38,55 @@ ConfigOption = Annotated[
 ]
 
 
+def fail(message: object, code: int = 2) -> typer.Exit:
+    """One ``error:`` line on stderr (never wrapped, brackets kept): ``raise fail(...)``."""
+    console.print(f"[red]error:[/red] {escape(str(message))}", soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            version = importlib.metadata.version("hbmwatch")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown (not installed)"
+        print(f"hbmwatch {version}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """HBM thermal and p99-latency telemetry, anomaly detection and alerting for GPU fleets."""
+
+
 def _settings(config: Path | None) -> Settings:
     try:
         settings = load_settings(config)
-    except HbmwatchError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    except ValueError as exc:  # pydantic's ValidationError names every bad field
-        console.print(f"[red]invalid settings:[/red] {exc}")
-        raise typer.Exit(2) from None
+    except HbmwatchError as exc:  # one line naming the file or variable and the key
+        raise fail(exc) from None
     log.configure(settings.log_level, settings.log_format)
     return settings
+
+
+def _check_store(settings: Settings) -> None:
+    try:
+        preflight.check_store(settings.store)
+    except HbmwatchError as exc:
+        raise fail(exc) from None
 
 
 @app.command()
 def migrate(config: ConfigOption = None) -> None:
     """Create or upgrade the database schema to the latest migration."""
+    settings = _settings(config)
+    _check_store(settings)  # before the service's heavy imports: a bad URL fails at once
     from hbmwatch.service import migrate as run_migrate
 
-    settings = _settings(config)
     revision = run_migrate(settings)
     console.print(f"schema at revision {revision}")
 
@@ -63,16 +95,20 @@ def migrate(config: ConfigOption = None) -> None:
 def up(
     config: ConfigOption = None,
     host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default 8427).")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default 8427).")] = None,
 ) -> None:
     """Migrate, then run the service: store maintenance and the HTTP API."""
-    from hbmwatch import service
-
     settings = _settings(config)
     if host is not None:
         settings.api.host = host
     if port is not None:
         settings.api.port = port
+    try:  # before anything starts: a taken port or a missing database fails in one line
+        preflight.before_up(settings)
+    except HbmwatchError as exc:
+        raise fail(exc) from None
+    from hbmwatch import service
+
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(service.run(settings))
 
@@ -89,8 +125,6 @@ def collect(
     ] = None,
 ) -> None:
     """Run the collector alone: scrape the configured targets into the store."""
-    from hbmwatch import service
-
     settings = _settings(config)
     if targets is not None:
         settings.collector.target_file = str(targets)
@@ -101,6 +135,9 @@ def collect(
             "`hbmwatch up` runs the simulated fleet instead"
         )
         raise typer.Exit(2)
+    _check_store(settings)
+    from hbmwatch import service
+
     try:
         report = asyncio.run(service.collect(settings, once=once, seconds=seconds))
     except KeyboardInterrupt:
@@ -591,7 +628,7 @@ def main() -> None:
     try:
         app()
     except HbmwatchError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        fail(exc)
         sys.exit(2)
 
 

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hbmwatch.settings import Settings
@@ -29,8 +30,15 @@ def _when(ms: int | None) -> str:
 
 
 def _store(settings: Settings):
+    from hbmwatch.preflight import check_store
+    from hbmwatch.validation import HbmwatchError
     from store.store import open_store
 
+    try:  # reading a database that is not there must not create an empty one
+        check_store(settings.store, must_exist=True)
+    except HbmwatchError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
     return open_store(settings.store)
 
 
