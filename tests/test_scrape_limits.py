@@ -1,0 +1,347 @@
+"""Slow, huge and exploding targets, and a failing inventory (issue 12: 2b, 7, 8).
+
+Every target here is a real HTTP server on 127.0.0.1 and every store a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import sqlite3
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+from prometheus_client import CollectorRegistry
+
+import collector.engine as engine_module
+from collector.engine import ScrapeEngine
+from collector.limits import count_samples, drop_long_labels
+from collector.spool import Spool
+from collector.targets import Target, TargetSet
+from collector.writer import BatchingSink, SpoolingWriter
+from hbmwatch.query import Aggregation, parse_selector
+from hbmwatch.service import tune_gc
+from hbmwatch.settings import CollectorSettings
+from store.store import Store
+from tests.conftest import Clock, make_store
+from tests.test_collector import PageServer
+
+GOOD = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="h"} 40\n'
+
+
+def engine(
+    store: Store,
+    targets: list[Target],
+    tmp_path: Path,
+    registry: CollectorRegistry | None = None,
+    inventory: Callable[[list], object] | None = None,
+    **settings: object,
+) -> ScrapeEngine:
+    cfg = CollectorSettings(**settings)  # type: ignore[arg-type]
+    spool = Spool(tmp_path / "spool", cfg.spool_max_bytes)
+    writer = SpoolingWriter(store.write, spool, retry_seconds=0.0)
+    sink = BatchingSink(writer, cfg.flush_samples, cfg.flush_seconds)
+    return ScrapeEngine(
+        TargetSet(cfg, targets),
+        sink,
+        cfg,
+        clock=time.time,
+        inventory=inventory or store.upsert_devices,
+        registry=registry,
+    )
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> Store:
+    store = make_store(f"sqlite:///{tmp_path / 'db.sqlite'}", Clock(time.time()))
+    store._clock = time.time
+    yield store
+    store.close()
+
+
+class Trickle:
+    """A real server that sends its answer a few bytes at a time, for ever.
+
+    Every read gets bytes well inside a per-read timeout, so only a deadline on the
+    whole scrape ends it.  ``stage`` picks whether the headers or the body trickle.
+    """
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/metrics"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            await reader.readuntil(b"\r\n\r\n")
+            if self.stage == "body":
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n")
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\n")
+            for i in range(10_000):
+                line = GOOD.encode() if self.stage == "body" else f"X-{i}: y\r\n".encode()
+                writer.write(line)
+                await writer.drain()
+                await asyncio.sleep(0.05)
+        writer.close()
+
+
+# -- 7: a slow target meets one deadline per scrape ---------------------------------------
+@pytest.mark.parametrize("stage", ["headers", "body"])
+def test_trickled_page_is_down_at_its_deadline(
+    stage: str, sqlite_store: Store, tmp_path: Path
+) -> None:
+    registry = CollectorRegistry()
+
+    async def run() -> tuple[object, float]:
+        async with Trickle(stage) as url:
+            target = Target("dcgm", url, {"host": "h"}, 1.0, 1.0)
+            eng = engine(sqlite_store, [target], tmp_path, registry)
+            async with eng:
+                started = time.monotonic()
+                # bounded here so the old code (a per-read timeout only) fails, not hangs
+                report = await asyncio.wait_for(eng.scrape(target, int(time.time() * 1000)), 60)
+                took = time.monotonic() - started
+            await eng.sink.flush()
+            return report, took
+
+    with structlog.testing.capture_logs() as logs:
+        report, took = asyncio.run(run())
+    assert not report.up  # type: ignore[attr-defined]
+    assert report.error == "deadline exceeded after 1 s"  # type: ignore[attr-defined]
+    assert took < 30  # the deadline is 1 s; a busy host may add some
+    assert (
+        registry.get_sample_value(
+            "hbmwatch_collector_scrape_failures_total", {"reason": "deadline"}
+        )
+        == 1
+    )
+    down = [e for e in logs if e["event"] == "target down"]
+    assert down and down[0]["reason"] == "deadline"
+    (up,) = sqlite_store.latest(parse_selector("hbmwatch_target_up"), 60)
+    assert up.value == 0.0
+
+
+# -- 8: sample limit, label values, memory ------------------------------------------------
+def test_page_over_the_sample_limit_is_refused_whole(sqlite_store: Store, tmp_path: Path) -> None:
+    page = "".join(f'DCGM_FI_DEV_GPU_TEMP{{gpu="{i}",Hostname="h"}} 40\n' for i in range(1000))
+    registry = CollectorRegistry()
+
+    async def run() -> object:
+        async with PageServer({"/metrics": lambda: (200, page.encode())}) as server:
+            target = Target("dcgm", server.url("/metrics"), {"host": "h"}, 1.0, 30)
+            eng = engine(sqlite_store, [target], tmp_path, registry, sample_limit=100)
+            async with eng:
+                report = await eng.scrape(target, int(time.time() * 1000))
+            await eng.sink.flush()
+            return report
+
+    report = asyncio.run(run())
+    assert not report.up and report.samples == 0  # type: ignore[attr-defined]
+    assert report.error == "sample limit 100 exceeded (1000 samples on the page)"  # type: ignore[attr-defined]
+    assert (
+        registry.get_sample_value(
+            "hbmwatch_collector_scrape_failures_total", {"reason": "sample_limit"}
+        )
+        == 1
+    )
+    assert sqlite_store.latest(parse_selector("gpu_hotspot_temperature_celsius"), 60) == []
+    assert sqlite_store.devices() == []
+
+
+def test_count_samples_and_long_labels() -> None:
+    page = '# HELP x y\n# TYPE x gauge\nx 1\n\nx{a="b"} 2\ny 3'
+    assert count_samples(page) == 3
+    assert count_samples("") == 0
+    long_page = GOOD + f'DCGM_FI_DEV_GPU_TEMP{{gpu="1",Hostname="{"h" * 2000}"}} 1\n'
+    kept, dropped = drop_long_labels(long_page, 1024)
+    assert (kept, dropped) == (GOOD, 1)
+    assert drop_long_labels(GOOD * 100, 1024) == (GOOD * 100, 0)
+    assert drop_long_labels("m" * 2000 + " 1\n", 1024)[1] == 1  # the name is a label too
+
+
+def test_ever_new_huge_label_values_do_not_grow_memory(sqlite_store: Store, tmp_path: Path) -> None:
+    """New 100 KB label values every scrape (the issue's explosion): memory stays flat."""
+    scrapes = {"n": 0}
+
+    def page() -> tuple[int, bytes]:
+        scrapes["n"] += 1
+        n = scrapes["n"]
+        lines = [
+            f'DCGM_FI_DEV_GPU_TEMP{{gpu="{i}",Hostname="{n}-{i}-{"x" * 100_000}"}} 40\n'
+            for i in range(20)
+        ]
+        return 200, (GOOD + "".join(lines)).encode()
+
+    async def run() -> tuple[list[int], list]:
+        async with PageServer({"/metrics": page}) as server:
+            target = Target("dcgm", server.url("/metrics"), {"host": "h"}, 1.0, 60)
+            eng = engine(sqlite_store, [target], tmp_path)
+            sizes, reports = [], []
+            async with eng:
+                for i in range(15):
+                    if i == 5:
+                        tracemalloc.start()
+                    reports.append(await eng.scrape(target, int(time.time() * 1000) + i))
+                    await eng.sink.flush()
+                    if i >= 5:
+                        gc.collect()
+                        sizes.append(tracemalloc.get_traced_memory()[0])
+            tracemalloc.stop()
+            return sizes, reports
+
+    sizes, reports = asyncio.run(run())
+    growth_mb = (sizes[-1] - sizes[0]) / 2**20
+    assert growth_mb < 5, f"retained memory grew {growth_mb:.0f} MB over 10 scrapes"
+    assert all(r.up and r.samples == 1 for r in reports)  # the good series is kept
+    assert all(r.dropped == {"label_too_long": 20} for r in reports)
+    dropped = sqlite_store.latest(
+        parse_selector('hbmwatch_scrape_dropped_total{reason="label_too_long"}'), 60
+    )
+    assert dropped[0].value == 15 * 20
+
+
+def test_series_churn_past_the_cap_keeps_devices_bounded(
+    sqlite_store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New hosts every scrape: the cap bounds the memo, and a cache reset drops the devices
+    the explosion invented (the memo's cap never bounded those)."""
+    monkeypatch.setattr(engine_module, "CACHE_RESET_SCRAPES", 5)
+    scrapes = {"n": 0}
+    handed: list[int] = []
+
+    def page() -> tuple[int, bytes]:
+        scrapes["n"] += 1
+        n = scrapes["n"]
+        body = "".join(
+            f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",Hostname="h{n}-{i}"}} 40\n' for i in range(20)
+        )
+        return 200, body.encode()
+
+    def inventory(devices: list) -> None:
+        handed.append(len(devices))
+        sqlite_store.upsert_devices(devices)
+
+    async def run() -> None:
+        async with PageServer({"/metrics": page}) as server:
+            target = Target("dcgm", server.url("/metrics"), {}, 1.0, 30)
+            eng = engine(sqlite_store, [target], tmp_path, inventory=inventory,
+                         series_per_target=50, inventory_seconds=0.001)  # fmt: skip
+            async with eng:
+                for i in range(40):
+                    await eng.scrape(target, int(time.time() * 1000) + i)
+
+    asyncio.run(run())
+    assert len(handed) == 40
+    assert max(handed) <= 50, handed
+
+
+# -- 8: heavy parsing leaves the event loop -----------------------------------------------
+@contextlib.contextmanager
+def service_gc() -> Iterator[None]:
+    """The collector's GC settings under ``hbmwatch up`` (``tune_gc``), restored after.
+
+    Without them a full collection over pytest's own objects stalls every thread for
+    ~0.4 s, whichever thread triggers it (measured on the 2-core test host).
+    """
+    threshold = gc.get_threshold()
+    tune_gc()
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+
+
+def test_a_huge_page_does_not_stall_the_event_loop(sqlite_store: Store, tmp_path: Path) -> None:
+    page = "".join(
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="{i}",Hostname="h",UUID="GPU-{i:032d}"}} 40\n'
+        for i in range(20_000)
+    ).encode()
+
+    async def run() -> tuple[float, float, object]:
+        async with PageServer({"/metrics": lambda: (200, page)}) as server:
+            target = Target("dcgm", server.url("/metrics"), {"host": "h"}, 1.0, 120)
+            eng = engine(sqlite_store, [target], tmp_path, series_per_target=50_000)
+            worst = 0.0
+            done = asyncio.Event()
+
+            async def ticker() -> None:
+                nonlocal worst
+                last = time.perf_counter()
+                while not done.is_set():
+                    await asyncio.sleep(0.005)
+                    now = time.perf_counter()
+                    worst, last = max(worst, now - last), now
+
+            async with eng:
+                await eng.scrape(target, 0)  # warm: the connection, the thread pool
+                tick = asyncio.create_task(ticker())
+                started = time.perf_counter()
+                eng.state(target).translator.clear()  # every series new: the full parse
+                report = await eng.scrape(target, 1000)
+                took = time.perf_counter() - started
+                done.set()
+                await tick
+            return worst, took, report
+
+    with service_gc():
+        worst, took, report = asyncio.run(run())
+    assert report.up and report.samples == 20_000  # type: ignore[attr-defined]
+    # inline, the loop would stall for the whole parse; in a thread it keeps its turns
+    assert worst < took / 4, f"loop stalled {worst * 1000:.0f} ms of a {took * 1000:.0f} ms scrape"
+
+
+# -- 2b: an inventory that fails costs no samples -----------------------------------------
+def test_failing_inventory_keeps_the_samples(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    store = make_store(f"sqlite:///{db}", Clock(time.time()), sqlite_busy_timeout_seconds=0.1)
+    store._clock = time.time
+
+    async def run() -> list:
+        async with PageServer({"/metrics": lambda: (200, GOOD.encode())}) as server:
+            target = Target("dcgm", server.url("/metrics"), {"host": "h"}, 1.0, 30)
+            eng = engine(store, [target], tmp_path, inventory_seconds=0.001)
+            reports = []
+            lock = sqlite3.connect(db, timeout=1, isolation_level=None)
+            lock.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+            t0 = int(time.time() * 1000)
+            async with eng:
+                for i in range(3):
+                    reports.append(await eng.scrape(target, t0 + i * 1000))
+                await eng.sink.flush()
+                lock.execute("COMMIT")
+                lock.close()
+                reports.append(await eng.scrape(target, t0 + 10_000))  # past the retry delay
+                await eng.sink.flush()
+                deadline = time.monotonic() + 60
+                while eng.sink.writer.spool.pending() and time.monotonic() < deadline:
+                    await eng.sink.flush()
+                    await asyncio.sleep(0.05)
+            return reports
+
+    with structlog.testing.capture_logs() as logs:
+        reports = asyncio.run(run())
+    assert all(r.up for r in reports)
+    events = [e["event"] for e in logs if "inventory" in e["event"]]
+    assert events == ["device inventory not written; retrying", "device inventory written again"]
+    now = time.time()
+    temps = store.range_query(
+        parse_selector("gpu_hotspot_temperature_celsius"), now - 600, now + 600, 1200,
+        Aggregation.COUNT,
+    )  # fmt: skip
+    assert sum(p.value for p in temps.series[0].points) == 4  # every scrape's sample landed
+    assert [d.host for d in store.devices()] == ["h"]
+    store.close()
