@@ -70,6 +70,7 @@ def _settings(config: Path | None) -> Settings:
     except HbmwatchError as exc:  # one line naming the file or variable and the key
         raise fail(exc) from None
     log.configure(settings.log_level, settings.log_format)
+    log.register_secrets(settings)  # tokens, the store URL's password: scrubbed from every line
     return settings
 
 
