@@ -121,11 +121,12 @@ def scrub_rendered(_logger: Any, _method: str, line: str | bytes) -> str | bytes
 
 
 class RateLimiter:
-    """The same (logger, event, level) at most once per window; the next line that passes
-    says how many it stood for (``repeated=<n>``).
+    """The same (logger, event, level, target) at most once per window; the next line that
+    passes says how many it stood for (``repeated=<n>``).
 
     Only warnings and worse are limited: they are what repeats on every scrape or flush
-    while something is down.  Keys are kept for the most recent ``max_keys`` events.
+    while something is down.  The ``target`` field is part of the key, so that one target
+    going down does not hide another's.  Keys are kept for the latest ``max_keys`` events.
     """
 
     def __init__(
@@ -162,7 +163,8 @@ class RateLimiter:
         level = logging.getLevelName(method.upper().replace("EXCEPTION", "ERROR"))
         if not isinstance(level, int) or level < self.min_level or self.seconds <= 0:
             return event_dict
-        key = (getattr(logger, "name", ""), str(event_dict.get("event")), level)
+        name = getattr(logger, "name", "")
+        key = (name, str(event_dict.get("event")), level, str(event_dict.get("target", "")))
         repeated = self.allow(key)
         if repeated is None:
             raise structlog.DropEvent

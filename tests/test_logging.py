@@ -80,6 +80,8 @@ def test_a_thousand_identical_warnings_are_one_line_then_a_count(
         time.sleep(0.01)
     logger.warning("writing samples failed", batch=1000)
     logging.getLogger("sqlalchemy.pool").error("connection %d lost", 1000)
+    logger.warning("target down", target="http://a/metrics")
+    logger.warning("target down", target="http://b/metrics")  # another target: its own line
     logger.info("not limited")
     logger.info("not limited")
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
@@ -87,7 +89,7 @@ def test_a_thousand_identical_warnings_are_one_line_then_a_count(
     theirs = [x for x in lines if x["logger"] == "sqlalchemy.pool"]
     assert [x.get("repeated") for x in ours] == [None, 999]
     assert [x.get("repeated") for x in theirs] == [None, 999]
-    assert len(lines) == 6
+    assert len(lines) == 8
 
 
 def test_rate_limiter_windows_per_key() -> None:
