@@ -14,8 +14,9 @@ Samples are stamped with the scheduled tick when the scrape starts within 50 ms 
 A target is untrusted: the whole scrape (connect, headers, body, parse) runs under one
 deadline, a page over the sample limit is refused whole, over-long label values are
 dropped before they reach the translator's memo (collector/limits.py), and big pages are
-parsed in a worker thread so one exploding target cannot starve the others.  A scrape that
-starts late, and ticks skipped because the loop fell behind, are counted and logged.
+parsed in a worker thread (collector/scrape.py) so one exploding target cannot starve the
+others.  A scrape that starts late, and ticks skipped because the loop fell behind, are
+counted and logged.
 """
 
 from __future__ import annotations
@@ -25,89 +26,36 @@ import contextlib
 import hashlib
 import time
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PromCounter
 
-from collector.limits import LimitExceeded, check_sample_limit, drop_long_labels
-from collector.sources.dcgm import DcgmTranslator
-from collector.sources.dme import DmeTranslator
-from collector.sources.inference import InferenceTranslator
-from collector.sources.mapped import MappedTranslator, load_mapping
+from collector.limits import LimitExceeded
+from collector.scrape import (  # translator_for, TargetState: importable from here too
+    PageError,
+    ScrapeReport,
+    TargetState,
+    collect,
+    health,
+    translator_for,
+)
 from collector.targets import Target, TargetSet
 from collector.translate import Collected
 from collector.writer import BatchingSink  # lives in writer.py; importable from here too
 from hbmwatch import log
-from hbmwatch.metrics import DROP_REASONS
-from hbmwatch.records import Device, Sample, SeriesKey
+from hbmwatch.records import Device
 from hbmwatch.settings import CollectorSettings
 
 logger = log.get("hbmwatch.collector")
 TIMESTAMP_TOLERANCE_MS = 50
 CACHE_RESET_SCRAPES = 3600
-#: Pages at least this large are parsed in a worker thread.  Measured (2-core host, DCGM
-#: pages): a thread hop costs ~150-350 us, parsing a 3 KB page inline 90 us, a 23 KB page
-#: 0.7 ms, a 380 KB page 27 ms; so small pages stay on the loop, big ones leave it.
-OFFLOAD_BYTES = 64 * 2**10
 #: At most one "falling behind" warning per target this often.
 BEHIND_LOG_SECONDS = 60.0
 #: A failed device inventory is retried this much later.
 INVENTORY_RETRY_MS = 5_000
-
-
-def translator_for(target: Target, settings: CollectorSettings) -> Any:
-    labels, cap = target.labels, settings.series_per_target
-    window = settings.latency_window_seconds
-    if target.kind == "dme":
-        return DmeTranslator(labels, series_cap=cap)
-    if target.kind == "dcgm":
-        return DcgmTranslator(labels, series_cap=cap)
-    if target.kind == "mapped":
-        assert target.mapping is not None
-        mapping = load_mapping(Path(target.mapping))
-        return MappedTranslator(mapping, labels, window_seconds=window, series_cap=cap)
-    return InferenceTranslator(labels, window_seconds=window, series_cap=cap)
-
-
-@dataclass
-class TargetState:
-    target: Target
-    translator: Any
-    dropped: Counter[str] = field(default_factory=Counter)
-    scrapes: int = 0
-    up: bool | None = None
-    last_error: str = ""
-    reason: str = ""  # why the last scrape failed, in a word (a label of the failures counter)
-    last_inventory_ms: int = 0
-    last_scrape_ms: int | None = None
-    client: httpx.AsyncClient | None = None
-    #: A page still being parsed in a worker thread after its scrape's deadline passed.
-    parsing: asyncio.Future[Collected] | None = None
-    capped_at_reset: int = 0  # ``dropped["series_cap"]`` at the last cache reset
-    skipped_ticks: int = 0
-    late_scrapes: int = 0
-    behind_logged: tuple[float, int, int] = (0.0, 0, 0)  # when, skipped, late at the last log
-
-    def self_labels(self) -> dict[str, str]:
-        base = {k: v for k, v in self.target.labels.items() if k in ("cluster", "rack", "host")}
-        return {**base, "target": self.target.url, "source": self.target.kind}
-
-
-@dataclass
-class ScrapeReport:
-    target: str
-    up: bool
-    samples: int
-    dropped: dict[str, int]
-    duration_s: float
-    error: str = ""
-    reason: str = ""
 
 
 class ScrapeEngine:
@@ -206,7 +154,7 @@ class ScrapeEngine:
         error = reason = ""
         try:
             async with asyncio.timeout(target.timeout_seconds):
-                collected = await self._collect(state, ts_ms)
+                collected = await collect(state, self._client(state), self.settings, ts_ms)
         except (TimeoutError, httpx.TimeoutException):  # the deadline, or httpx's per read
             error, reason = f"deadline exceeded after {target.timeout_seconds:g} s", "deadline"
         except LimitExceeded as exc:
@@ -220,38 +168,14 @@ class ScrapeEngine:
         self._record(state, collected, error, reason)
         up = collected is not None
         samples = collected.samples if collected else []
-        health = self._health(state, ts_ms, up, duration, len(samples))
-        self.sink.add(samples + health)  # before the inventory, whose failure must not cost them
+        own = health(state, ts_ms, up, duration, len(samples))
+        self.sink.add(samples + own)  # before the inventory, whose failure must not cost them
         self.samples.inc(len(samples))
         self.scrapes.labels("up" if up else "down").inc()
         if collected and collected.devices:
             await self._inventory(state, collected, ts_ms)
         dropped = dict(collected.dropped) if collected else {}
         return ScrapeReport(target.url, up, len(samples), dropped, duration, error, reason)
-
-    async def _collect(self, state: TargetState, ts_ms: int) -> Collected:
-        if state.parsing is not None:  # the last page outlived its deadline: translators are
-            await asyncio.wait([state.parsing])  # not thread-safe, so wait for it to finish
-            state.parsing = None
-        text = await self._fetch(self._client(state), state.target)
-        if len(text) < OFFLOAD_BYTES:
-            return self._translate(state, text, ts_ms)
-        task = asyncio.ensure_future(asyncio.to_thread(self._translate, state, text, ts_ms))
-        task.add_done_callback(_retrieve)
-        state.parsing = task
-        collected = await asyncio.shield(task)  # a deadline leaves the thread to finish
-        state.parsing = None
-        return collected
-
-    def _translate(self, state: TargetState, text: str, ts_ms: int) -> Collected:
-        """The page's limits, then its translator (on the loop, or in a worker thread)."""
-        check_sample_limit(text, self.settings.sample_limit)
-        limit = self.settings.label_value_length_limit
-        text, too_long = drop_long_labels(text, limit)
-        collected: Collected = state.translator.translate_text(text, ts_ms)
-        if too_long:
-            collected.drop("label_too_long", too_long, f"label values over {limit} characters")
-        return collected
 
     def _record(
         self, state: TargetState, collected: Collected | None, error: str, reason: str
@@ -307,50 +231,6 @@ class ScrapeEngine:
         if self.inventory_failing:
             logger.info("device inventory written again", target=state.target.url)
         self.inventory_failing = False
-
-    async def _fetch(self, client: httpx.AsyncClient, target: Target) -> str:
-        limit = self.settings.max_page_bytes
-        async with client.stream("GET", target.url, timeout=target.timeout_seconds) as r:
-            if r.status_code != 200:
-                raise PageError(f"HTTP {r.status_code}", "http_status")
-            chunks, size = [], 0
-            async for chunk in r.aiter_bytes():
-                size += len(chunk)
-                if size > limit:
-                    raise PageError(f"page larger than {limit} bytes", "page_too_large")
-                chunks.append(chunk)
-        body = b"".join(chunks)
-        try:
-            return body.decode("utf-8")
-        except UnicodeDecodeError:
-            return body.decode("utf-8", errors="replace")
-
-    def _health(
-        self, state: TargetState, ts_ms: int, up: bool, duration: float, samples: int
-    ) -> list[Sample]:
-        labels = state.self_labels()
-        out = [
-            Sample(SeriesKey("hbmwatch_target_up", labels), ts_ms, 1.0 if up else 0.0),
-            Sample(SeriesKey("hbmwatch_scrape_duration_seconds", labels), ts_ms, duration),
-        ]
-        if up:
-            out.append(Sample(SeriesKey("hbmwatch_scrape_samples", labels), ts_ms, float(samples)))
-        for name, total in (
-            ("hbmwatch_scrape_skipped_ticks_total", state.skipped_ticks),
-            ("hbmwatch_scrape_late_total", state.late_scrapes),
-        ):
-            if total:  # written once the target has fallen behind: no cost before
-                out.append(Sample(SeriesKey(name, labels), ts_ms, float(total)))
-        for reason, total in state.dropped.items():
-            if reason in DROP_REASONS:
-                out.append(
-                    Sample(
-                        SeriesKey("hbmwatch_scrape_dropped_total", {**labels, "reason": reason}),
-                        ts_ms,
-                        float(total),
-                    )
-                )
-        return out
 
     # -- rounds and loops -------------------------------------------------------------------
     async def scrape_round(
@@ -478,20 +358,6 @@ class ScrapeEngine:
             await asyncio.to_thread(self._collect_local, self.now_ms())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
-
-
-class PageError(Exception):
-    """A scrape that got an answer, but not a page: HTTP status, size limit."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-def _retrieve(task: asyncio.Future[Collected]) -> None:
-    """Mark a worker thread's error seen: its scrape may have given up on it already."""
-    if not task.cancelled():
-        task.exception()
 
 
 async def _sleep_until(clock: Callable[[], float], tick_ms: int, stop: asyncio.Event) -> None:
