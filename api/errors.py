@@ -58,7 +58,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         404: "No such resource.",
         413: "The body is over the size limit.",
         422: "A parameter or field failed validation.",
-        503: "The store is unreachable.",
+        503: "The store is unreachable, or the API is busy; Retry-After says when to retry.",
     }.items()
 }
 
