@@ -345,3 +345,80 @@ def test_failing_inventory_keeps_the_samples(tmp_path: Path) -> None:
     assert sum(p.value for p in temps.series[0].points) == 4  # every scrape's sample landed
     assert [d.host for d in store.devices()] == ["h"]
     store.close()
+
+
+# -- 9: missed and late rounds are counted, exposed and logged ----------------------------
+class SlowPage:
+    """A real server that answers after ``delay`` seconds: a target slower than its interval."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/metrics"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await asyncio.sleep(self.delay)
+                body = GOOD.encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                await writer.drain()
+        writer.close()
+
+
+def test_skipped_and_late_ticks_are_counted_and_logged(sqlite_store: Store, tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+
+    async def run() -> ScrapeEngine:
+        async with (
+            SlowPage(0.3) as slow_url,
+            PageServer({"/metrics": lambda: (200, GOOD.encode())}) as server,
+        ):
+            slow = Target("dcgm", slow_url, {"host": "slow"}, 0.1, 30)
+            fast = Target("dcgm", server.url("/metrics"), {"host": "fast"}, 0.1, 30)
+            eng = engine(sqlite_store, [slow, fast], tmp_path, registry, flush_seconds=0.05)
+            stop = asyncio.Event()
+            task = asyncio.create_task(eng.run(stop))
+
+            async def busy_host() -> None:  # the loop blocked now and then: ticks wake late
+                while not stop.is_set():
+                    time.sleep(0.15)
+                    await asyncio.sleep(0.1)
+
+            hog = asyncio.create_task(busy_host())
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                states = {s.target.labels["host"]: s for s in eng.states}
+                if (
+                    len(states) == 2
+                    and states["slow"].skipped_ticks >= 5
+                    and all(s.late_scrapes >= 2 for s in states.values())
+                ):
+                    break
+                await asyncio.sleep(0.05)
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(task, hog), 60)
+            return eng
+
+    with structlog.testing.capture_logs() as logs:
+        eng = asyncio.run(run())
+    states = {s.target.labels["host"]: s for s in eng.states}
+    assert states["slow"].skipped_ticks >= 5
+    assert all(s.late_scrapes >= 2 for s in states.values())
+    skipped = sum(s.skipped_ticks for s in eng.states)
+    late = sum(s.late_scrapes for s in eng.states)
+    assert registry.get_sample_value("hbmwatch_collector_skipped_ticks_total") == skipped
+    assert registry.get_sample_value("hbmwatch_collector_late_scrapes_total") == late
+    behind = [e for e in logs if e["event"] == "collector falling behind"]
+    assert len({e["target"] for e in behind}) == len(behind)  # at most one a target a minute
+    assert any(e["skipped_ticks"] > 0 for e in behind)
+    stored = sqlite_store.latest(parse_selector('hbmwatch_scrape_skipped_ticks_total{host="slow"}'))
+    assert stored and stored[0].value > 0
