@@ -27,15 +27,17 @@ MASK = "***"
 #: Registered secrets shorter than this are not replaced verbatim (``"a"`` would mask every
 #: ``a``); the URL and key/value patterns below still catch them where they are written.
 MIN_SECRET_LENGTH = 4
-#: ``scheme://user:password@``: the password.
+#: ``scheme://user:password@``: the password.  Both patterns start at a literal (``://``,
+#: the keyword) and every run is bounded: a pattern that began with ``\b[\w.]*`` took
+#: minutes over a 40 KB line of ``a.a.a.`` (each word start rescanned the rest).
 _URL_PASSWORD = re.compile(
-    r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@'\"]*:)(?P<secret>[^\s@'\"]+)(?P<tail>@)"
+    r"(?P<head>://[^\s:/@'\"]{0,256}:)(?P<secret>[^\s/@'\"]{1,256})(?P<tail>@)"
 )
 _SENSITIVE = r"(?:password|passwd|pwd|secret|token|api[_-]?key|authorization)"
 #: ``password=x``, ``'password': 'x'``, ``"write_token": "x"``, ``Authorization: Bearer x``.
 _KEY_VALUE = re.compile(
-    rf"(?i)(?P<head>\b[\w.\-]*{_SENSITIVE}['\"]?\s*[=:]\s*['\"]?(?:bearer\s+)?)"
-    r"(?P<secret>[^\s'\",;&)}\]]+)"
+    rf"(?i)(?P<head>{_SENSITIVE}['\"]?\s{{0,8}}[=:]\s{{0,8}}['\"]?(?:bearer\s+)?)"
+    r"(?P<secret>[^\s'\",;&)}\]]{1,512})"
 )
 _SENSITIVE_KEY = re.compile(rf"(?i)^[\w.\-]*{_SENSITIVE}$")
 

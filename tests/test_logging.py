@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hbmwatch import log
-from hbmwatch.logfilters import RateLimiter, register_secrets
+from hbmwatch.logfilters import RateLimiter, register_secrets, scrub_text
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.settings import Settings
 from store.guard import StoreUnavailable
@@ -131,3 +131,11 @@ def test_postgres_outage_never_logs_the_password(
         assert "Traceback (most recent call last)" in err and "psycopg" in err
         assert f"postgres:{PASSWORD}" not in err and "postgres:***@" in err
     store.close()
+
+
+def test_scrubbing_a_long_hostile_line_stays_linear() -> None:
+    """A 200 KB exception message (a bad page echoed back) must not stall the event loop."""
+    for line in ("a." * 100_000, "ab://x:" * 30_000, "password=" * 20_000):
+        started = time.monotonic()
+        scrub_text(line)
+        assert time.monotonic() - started < 5.0  # about 20 ms here; quadratic took minutes
