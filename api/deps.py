@@ -28,15 +28,17 @@ class Scope(IntEnum):
     ADMIN = 3
 
 
-def get_store(request: Request) -> Store:
+# The cheap dependencies are ``async``: FastAPI runs a sync one on a worker thread, one hop
+# (and a GIL hand-off) per dependency per request, which under load starves the event loop.
+async def get_store(request: Request) -> Store:
     return request.app.state.store
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_status(request: Request) -> ServiceStatus:
+async def get_status(request: Request) -> ServiceStatus:
     return request.app.state.status
 
 
@@ -80,7 +82,7 @@ def granted_scope(settings: Settings, token: str | None) -> Scope | None:
 
 
 def require(needed: Scope):
-    def check(
+    async def check(
         request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     ) -> Scope | None:

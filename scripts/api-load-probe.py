@@ -80,7 +80,10 @@ async def serve(args: argparse.Namespace) -> dict[str, object]:
     engine = create_store_engine(url)
     upgrade(engine)
     engine.dispose()
-    settings = Settings(store={"url": url}, api={"port": args.port})  # type: ignore[arg-type]
+    api = {"port": args.port}
+    if args.concurrency:
+        api["max_concurrent_requests"] = args.concurrency
+    settings = Settings(store={"url": url}, api=api)  # type: ignore[arg-type]
     if args.mode == "plain":  # no admission limit, no deadline: what 200 clients met before
         settings = settings.model_copy(
             update={"api": settings.api.model_copy(update={
@@ -95,8 +98,8 @@ async def serve(args: argparse.Namespace) -> dict[str, object]:
         server = uvicorn.Server(uvicorn.Config(app, port=args.port, log_config=None))
         serving = asyncio.create_task(server.serve())
     else:
-        api = ApiServer(app, "127.0.0.1", args.port)
-        serving = asyncio.create_task(api.serve(stop))
+        api_server = ApiServer(app, "127.0.0.1", args.port)
+        serving = asyncio.create_task(api_server.serve(stop))
     await asyncio.sleep(1.0)  # a probe, not a test: let the server bind
     clients = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--role", "clients", "--port", str(args.port),
@@ -161,6 +164,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, help="api.max_concurrent_requests (guarded)")
     args = parser.parse_args()
     run = serve if args.role == "server" else hammer
     print(json.dumps(asyncio.run(run(args))))
