@@ -8,8 +8,12 @@ file), the others found on the way, and one scrape of a hostile page over real H
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -33,6 +37,7 @@ from hbmwatch.settings import CollectorSettings
 from hbmwatch.validation import ConfigError
 from tests.conftest import Clock, make_store
 from tests.test_collector import PageServer, engine_for
+from tests.test_service import HBMWATCH, clean_env
 
 T = 1_800_000_000_000
 DCGM_TEMP = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="n1"} 41\n'
@@ -186,3 +191,45 @@ def test_nan_bitmask_page_scrapes_up_with_its_samples(tmp_path: Path) -> None:
         assert report.up and report.samples == 1 and report.dropped == {"non_finite": 1}
     finally:
         store.close()
+
+
+@pytest.mark.slow
+def test_collect_once_with_a_nan_bitmask_and_a_latin1_targets_file(tmp_path: Path) -> None:
+    """``hbmwatch collect --once`` as a person runs it: exit 0, the node up, the NaN counted;
+    then the targets file gains a Latin-1 byte and the collector keeps scraping."""
+    page = DCGM_TEMP + 'DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu="0",Hostname="n1"} NaN\n'
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(page.encode()))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    targets = tmp_path / "targets.json"
+    targets.write_text(json.dumps([{"kind": "dcgm", "url": url, "labels": {"cluster": "c"}}]))
+    env = clean_env(HBMWATCH_STORE__URL=f"sqlite:///{tmp_path / 'h.db'}")
+    run = functools.partial(
+        subprocess.run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    try:
+        assert run([*HBMWATCH, "migrate"]).returncode == 0
+        once = run([*HBMWATCH, "collect", "--once", "--targets", str(targets)])
+        assert once.returncode == 0, once.stdout + once.stderr
+        assert "non_finite 1" in once.stdout and "yes" in once.stdout
+        targets.write_bytes(targets.read_bytes().replace(b'"c"', b'"caf\xe9"'))
+        bad = run([*HBMWATCH, "collect", "--once", "--targets", str(targets)])
+        assert "Traceback" not in bad.stderr and "not UTF-8: byte 0xe9" in bad.stderr
+        assert bad.stderr.count("not UTF-8") == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _handler(body: bytes) -> type[BaseHTTPRequestHandler]:
+    class Page(BaseHTTPRequestHandler):
+
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:  # quiet
+            pass
+
+    return Page
