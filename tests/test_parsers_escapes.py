@@ -223,7 +223,7 @@ def test_collect_once_with_a_nan_bitmask_and_a_latin1_targets_file(tmp_path: Pat
 
 def _handler(body: bytes) -> type[BaseHTTPRequestHandler]:
     class Page(BaseHTTPRequestHandler):
-
+        def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
