@@ -128,7 +128,7 @@ class DmeTranslator(LineTranslator):
         return out
 
     def _finish(self, out: Collected, special: list[tuple[Mapped, float]], ts_ms: int) -> None:
-        ticks = {}
+        ticks: dict[object, float] = {}
         for m, value in special:
             if m.special != "tick_counter":
                 continue
