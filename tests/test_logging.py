@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,6 +16,14 @@ from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.settings import Settings
 from store.guard import StoreUnavailable
 from tests.conftest import Clock, make_store
+
+
+@pytest.fixture(autouse=True)
+def _log_to_the_real_stderr_afterwards() -> Iterator[None]:
+    """Each test logs into capsys' stream, closed after the test: later tests must not."""
+    yield
+    log.configure("info", "console", stream=sys.__stderr__)
+
 
 PASSWORD = "Pg-s3cret-q7Zx"  # never registered: patterns and no-locals must hide it alone
 LOCAL_MARKER = "local-value-7f3a"
