@@ -422,3 +422,54 @@ def test_skipped_and_late_ticks_are_counted_and_logged(sqlite_store: Store, tmp_
     assert any(e["skipped_ticks"] > 0 for e in behind)
     stored = sqlite_store.latest(parse_selector('hbmwatch_scrape_skipped_ticks_total{host="slow"}'))
     assert stored and stored[0].value > 0
+
+
+@pytest.mark.postgres
+def test_postgres_down_inventory_fails_samples_spool_and_land(
+    private_pg: dict, tmp_path: Path
+) -> None:
+    """The issue's case on a real PostgreSQL: the server stops, scrapes go on (a new GPU
+    appears meanwhile); when it is back every sample lands and the new GPU is inventoried."""
+    store = make_store(private_pg["url"], Clock(time.time()))
+    store._clock = time.time
+    page = {"body": GOOD}
+
+    async def run() -> list:
+        async with PageServer({"/metrics": lambda: (200, page["body"].encode())}) as server:
+            target = Target("dcgm", server.url("/metrics"), {"host": "h"}, 1.0, 30)
+            eng = engine(store, [target], tmp_path, inventory_seconds=0.001)
+            t0 = int(time.time() * 1000) - 60_000
+            reports = []
+            async with eng:
+                reports.append(await eng.scrape(target, t0))
+                await eng.sink.flush()
+                private_pg["stop"]()
+                page["body"] = GOOD + GOOD.replace('gpu="0"', 'gpu="1"')
+                for i in range(1, 4):
+                    reports.append(await eng.scrape(target, t0 + i * 10_000))
+                    await eng.sink.flush()
+                assert eng.sink.writer.spool.pending()
+                private_pg["start"]()
+                reports.append(await eng.scrape(target, t0 + 40_000))
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    await eng.sink.flush()
+                    if not eng.sink.writer.spool.pending():
+                        break
+                    await asyncio.sleep(0.1)
+            return reports
+
+    with structlog.testing.capture_logs() as logs:
+        reports = asyncio.run(run())
+    assert all(r.up for r in reports)
+    events = [e["event"] for e in logs if "inventory" in e["event"]]
+    assert events == ["device inventory not written; retrying", "device inventory written again"]
+    now = time.time()
+    counts = store.range_query(
+        parse_selector("gpu_hotspot_temperature_celsius"), now - 600, now + 600, 1200,
+        Aggregation.COUNT,
+    )  # fmt: skip
+    per_gpu = {s.series.label("gpu"): sum(p.value for p in s.points) for s in counts.series}
+    assert per_gpu == {"0": 5, "1": 4}  # every scrape, the outage's included
+    assert sorted(d.gpu for d in store.devices()) == ["0", "1"]
+    store.close()
