@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from collector.exposition import MalformedLine, parse_series
 from hbmwatch import log
 from hbmwatch.records import Sample, SeriesKey
+from store.guard import StoreUnavailable
 
 logger = log.get("hbmwatch.collector")
 
@@ -147,7 +148,8 @@ class Spool:
 
     def replay(self, write: Callable[[list[Sample]], object], before: int | None = None) -> int:
         """Write spooled batches oldest first (only those numbered below ``before``); stop at
-        the first the store refuses (it raises), leaving that one and the rest for next time.
+        the first the store cannot take (StoreUnavailable), leaving that one and the rest for
+        next time; one that fails otherwise is set aside (``.failed``) so it blocks nothing.
         Returns samples replayed.  The store is written without the lock held, so the loop
         thread can spool meanwhile."""
         replayed = 0
@@ -163,7 +165,16 @@ class Spool:
                 with self._lock, contextlib.suppress(OSError):
                     path.rename(path.with_suffix(".corrupt"))  # kept for a person to look at
                 continue
-            write(samples)
+            try:
+                write(samples)
+            except StoreUnavailable:
+                raise
+            except Exception as exc:  # not an outage: this batch alone fails, set it aside
+                logger.error("spool batch the store refuses set aside", path=str(path),
+                             error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+                with self._lock, contextlib.suppress(OSError):
+                    path.rename(path.with_suffix(".failed"))  # kept for a person to look at
+                continue
             with self._lock:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()

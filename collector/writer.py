@@ -76,7 +76,8 @@ class SpoolingWriter:
                     done.replayed = self.spool.replay(self._write, before=seq)
                 except StoreUnavailable:
                     return self._spooled(samples, seq, done)
-                logger.info("store is back; spool replayed", samples=done.replayed)
+                if done.replayed:
+                    logger.info("store is back; spool replayed", samples=done.replayed)
             try:
                 result = self._write(samples)
             except StoreUnavailable as exc:
@@ -201,9 +202,7 @@ class BatchingSink:
     def _ensure_thread(self) -> None:
         if self._thread is None:
             # A daemon: a write stuck in the database must not keep the process from exiting.
-            self._thread = threading.Thread(
-                target=self._run, name="hbmwatch-writer", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, name="hbmwatch-writer", daemon=True)
             self._thread.start()
 
     def _run(self) -> None:

@@ -113,3 +113,24 @@ def test_a_stop_spools_what_a_stuck_write_holds(
     replay.write(batch(5))
     assert replay.spool.pending() == 0
     assert stored(store) == 6 * BATCH
+
+
+def test_a_batch_the_store_refuses_for_a_bug_is_set_aside_not_retried_forever(
+    tmp_path: Path, clock: Clock
+) -> None:
+    store = make_store(f"sqlite:///{tmp_path / 'db.sqlite'}", clock)
+
+    def write(samples: list[Sample]) -> WriteResult:  # batch 2 hits a bug in the write path
+        if samples[0].value == 2:
+            raise ValueError("a bug, not an outage")
+        return store.write(samples)
+
+    spool = Spool(tmp_path / "spool", 10**9)
+    for i in (1, 2, 3):
+        spool.append(batch(i))
+    writer = SpoolingWriter(write, spool, retry_seconds=0.0)
+    done = writer.write(batch(4))
+    assert done.replayed == 2 * BATCH and done.accepted == BATCH
+    assert spool.pending() == 0 and len(list(spool.directory.glob("*.failed"))) == 1
+    assert stored(store) == 3 * BATCH
+    store.close()
