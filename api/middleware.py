@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.deps import Scope as TokenScope
 from api.deps import granted_scope
 from hbmwatch.settings import Settings
 
@@ -20,10 +21,10 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 class BodyGuard:
     """Check the bearer token before any body is read, then cap the body.
 
-    A write without a valid token gets its 401 at once: its body is never read, so
-    unauthenticated uploads cost the server nothing.  A read without a valid token may carry
-    at most ``unauthenticated_bytes``; with one, ``max_bytes`` (413 past either).  The route
-    still checks the scope (a read token writing gets its 403 there).
+    A write without a valid token gets its 401 at once (with a read token, its 403): its body
+    is never read, so uploads without the right to write cost the server nothing.  A read
+    without a valid token may carry at most ``unauthenticated_bytes``; with one,
+    ``max_bytes`` (413 past either).  The route still checks the exact scope (admin calls).
     """
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
@@ -51,6 +52,10 @@ class BodyGuard:
                 send, 401, "unauthorized", message,
                 {"WWW-Authenticate": "Bearer", "Connection": "close"},  # the body stays unread
             )  # fmt: skip
+            return
+        if granted is TokenScope.READ and scope["method"] in WRITE_METHODS:
+            message = "a read token cannot do this; it needs write"
+            await send_error(send, 403, "forbidden", message, {"Connection": "close"})
             return
         cap = self.max_bytes if granted is not None else self.unauthenticated_bytes
         declared = headers.get(b"content-length")

@@ -19,7 +19,7 @@ from api.main import create_app
 from api.server import ApiServer, ApiServerError
 from store.store import Store
 from tests.conftest import Clock, make_store
-from tests.test_api import TEMP, WRITE, bearer, settings_for
+from tests.test_api import READ, TEMP, WRITE, bearer, settings_for
 
 DEADLINE_S = 60.0
 BIG = 57 * 2**20  # the body size
@@ -89,6 +89,8 @@ def test_unauthenticated_bodies_are_refused_before_they_are_read(sqlite_store: S
             p.join(DEADLINE_S)
         assert len(answers) == 8 and all(a.startswith(b"HTTP/1.1 401") for a in answers), answers
         assert app.read == 0  # not one byte of the 8 x 57 MiB was read into the app
+        read_only = raw_post(server.port, "/api/v1/silences", BIG, 2**20, READ)
+        assert read_only.startswith(b"HTTP/1.1 403") and app.read == 0
         url = f"http://127.0.0.1:{server.port}"
         with httpx.Client(base_url=url, timeout=DEADLINE_S) as client:
             # a read without a token may carry 64 KiB at most; a valid token lifts the cap
