@@ -257,7 +257,6 @@ def test_stopped_target_is_down_within_two_intervals(tmp_path: Path) -> None:
     assert store.latest(parse_selector("gpu_hotspot_temperature_celsius"), 0.6) == []  # stale
 
 
-
 def test_a_cancelled_collector_ends_and_flushes_what_it_holds(tmp_path: Path) -> None:
     """A signal before the server takes over cancels the run instead of setting ``stop``."""
     store = make_store(f"sqlite:///{tmp_path / 'db.sqlite'}", Clock(time.time()))
@@ -276,6 +275,7 @@ def test_a_cancelled_collector_ends_and_flushes_what_it_holds(tmp_path: Path) ->
     asyncio.run(run())
     assert store.latest(parse_selector("gpu_hotspot_temperature_celsius"), 60)  # flushed
     store.close()
+
 
 # -- bad pages -------------------------------------------------------------------------------------
 def test_malformed_huge_slow_and_exploding_pages(tmp_path: Path, clock: Clock) -> None:
