@@ -37,6 +37,8 @@ def count_samples(text: str) -> int:
 
 def check_sample_limit(text: str, limit: int) -> None:
     """Refuse the page whole past ``limit`` samples (raises ``LimitExceeded``)."""
+    if text.count("\n") < limit:  # fewer lines than the limit: one pass decides
+        return
     n = count_samples(text)
     if n > limit:
         raise LimitExceeded(f"sample limit {limit} exceeded ({n} samples on the page)")

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 import collector.engine as engine_module
 from collector.engine import ScrapeEngine
-from collector.limits import count_samples, drop_long_labels
+from collector.limits import LimitExceeded, check_sample_limit, count_samples, drop_long_labels
 from collector.spool import Spool
 from collector.targets import Target, TargetSet
 from collector.writer import BatchingSink, SpoolingWriter
@@ -165,6 +165,9 @@ def test_count_samples_and_long_labels() -> None:
     page = '# HELP x y\n# TYPE x gauge\nx 1\n\nx{a="b"} 2\ny 3'
     assert count_samples(page) == 3
     assert count_samples("") == 0
+    check_sample_limit("# HELP\n" * 500 + "x 1\n" * 100, 100)  # comments are not samples
+    with pytest.raises(LimitExceeded, match="sample limit 100 exceeded"):
+        check_sample_limit("x 1\n" * 101, 100)
     long_page = GOOD + f'DCGM_FI_DEV_GPU_TEMP{{gpu="1",Hostname="{"h" * 2000}"}} 1\n'
     kept, dropped = drop_long_labels(long_page, 1024)
     assert (kept, dropped) == (GOOD, 1)
