@@ -99,14 +99,16 @@ class ApiServer:
     def running(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
 
-    async def serve(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop`` is set (SIGINT/SIGTERM set it) or the server dies, then stop.
+    async def serve(self, stop: asyncio.Event, *, handle_signals: bool = False) -> None:
+        """Serve until ``stop`` is set or the server dies, then stop it.
 
         Drop-in for ``await uvicorn.Server(...).serve()`` in a composition root: the caller's
-        loop only waits, HTTP runs on the server's own thread.
+        loop only waits, HTTP runs on the server's own thread.  Signals are the caller's
+        (uvicorn cannot take them off the main thread); ``handle_signals`` makes SIGINT and
+        SIGTERM set ``stop`` for a caller that has no handlers of its own.
         """
         loop = asyncio.get_running_loop()
-        installed = _stop_on_signals(loop, stop)
+        installed = _stop_on_signals(loop, stop) if handle_signals else []
         try:
             await asyncio.to_thread(self.start)
             logger.info("api serving on its own thread", address=self.address)
