@@ -4,10 +4,12 @@
 The probe serves its own exporter pages (DCGM format, 8 GPUs, 40 samples a page) and counts
 every page it hands out.  Every scrape writes one ``hbmwatch_target_up`` sample, so
 
-    scrapes lost = pages served - target_up samples stored - target_up samples still spooled
+    scrapes lost = pages served - target_up 1s stored - target_up 1s still spooled
 
-(a spooled batch is replayed by the next start, so it is not lost).  A scrape lost costs
-its page's 40 samples plus 3 health samples.  Cases:
+(a spooled batch is replayed by the next start, so it is not lost; a scrape that failed,
+its deadline passed on a busy host, is stored as ``up 0`` and reported apart: it counts as
+lost here if the page was sent).  A scrape lost costs its page's 40 samples plus 3 health
+samples.  Cases:
 
 * ``kill9-up``, ``kill9-collect``: run, then SIGKILL.
 * ``sigterm-up``, ``sigterm-collect``: run, then SIGTERM; the process must exit 0.
@@ -121,20 +123,32 @@ def wait(what: str, check: object, seconds: float = 120) -> None:
         time.sleep(0.2)
 
 
-def stored_scrapes(url: str) -> int:
+def stored_scrapes(url: str) -> tuple[int, int]:
+    """Scrapes in the store: (all of them, those that got a page) by ``hbmwatch_target_up``."""
     store = open_store(StoreSettings(url=url))
     try:
         now = time.time()
-        q = store.range_query(parse_selector('hbmwatch_target_up{cluster="probe"}'),
-                              now - 7200, now + 600, 3600, Aggregation.COUNT)  # fmt: skip
-        return int(sum(p.value for s in q.series for p in s.points))
+        selector = parse_selector('hbmwatch_target_up{cluster="probe"}')
+        found = [
+            sum(p.value for s in q.series for p in s.points)
+            for q in (
+                store.range_query(selector, now - 7200, now + 600, 3600, agg)
+                for agg in (Aggregation.COUNT, Aggregation.SUM)
+            )
+        ]
+        return int(found[0]), int(found[1])
     finally:
         store.close()
 
 
 def spooled_scrapes(spool: Path) -> int:
+    """Scrapes that got a page, still in the spool (the next start replays them)."""
     return sum(
-        sum(1 for s in decode_batch(f.read_bytes()) if s.series.metric == "hbmwatch_target_up")
+        sum(
+            1
+            for s in decode_batch(f.read_bytes())
+            if s.series.metric == "hbmwatch_target_up" and s.value == 1
+        )
         for f in spool.glob("*.batch")
     )
 
@@ -156,22 +170,24 @@ def measure(case: str, exporter: Exporter, folder: Path, url: str, seconds: floa
     targets = exporter.target_file(folder)
     proc = start(command, folder, url, targets)
     wait("scrapes", lambda: len(exporter.served) == len(exporter.paths))
-    first = exporter.total()
+    first, t_first = exporter.total(), time.monotonic()
     extra = during() if during else {}  # type: ignore[operator]
     time.sleep(seconds)  # the run being measured, not a wait for a condition
     started = time.monotonic()
+    pages_before_stop = exporter.total() - first
     proc.send_signal(signal.SIGKILL if stopper == "kill9" else signal.SIGTERM)
     code = proc.wait(120)
     exit_s = time.monotonic() - started
     time.sleep(1.5)  # let the exporter finish any page it was writing when the process died
     served = exporter.total()
-    stored, spooled = stored_scrapes(url), spooled_scrapes(folder / "hbmwatch-spool")
+    (scrapes, stored), spooled = stored_scrapes(url), spooled_scrapes(folder / "hbmwatch-spool")
     lost = max(served - stored - spooled, 0)
     return {
         "case": case, "exit_code": code, "exit_seconds": round(exit_s, 2),
         "pages_served": served, "scrapes_stored": stored, "scrapes_spooled": spooled,
+        "failed_scrapes_stored": scrapes - stored,
         "scrapes_lost": lost, "samples_lost": lost * SAMPLES_PER_SCRAPE,
-        "samples_per_second": round((served - first) * SAMPLES_PER_SCRAPE / seconds),
+        "samples_per_second": round(pages_before_stop * SAMPLES_PER_SCRAPE / (started - t_first)),
         **extra,
     }  # fmt: skip
 
