@@ -169,14 +169,19 @@ def measure(case: str, exporter: Exporter, folder: Path, url: str, seconds: floa
             stopper: str, command: str, during: object = None) -> dict:  # fmt: skip
     targets = exporter.target_file(folder)
     proc = start(command, folder, url, targets)
-    wait("scrapes", lambda: len(exporter.served) == len(exporter.paths))
-    first, t_first = exporter.total(), time.monotonic()
-    extra = during() if during else {}  # type: ignore[operator]
-    time.sleep(seconds)  # the run being measured, not a wait for a condition
-    started = time.monotonic()
-    pages_before_stop = exporter.total() - first
-    proc.send_signal(signal.SIGKILL if stopper == "kill9" else signal.SIGTERM)
-    code = proc.wait(120)
+    try:
+        wait("scrapes", lambda: len(exporter.served) == len(exporter.paths))
+        first, t_first = exporter.total(), time.monotonic()
+        extra = during() if during else {}  # type: ignore[operator]
+        time.sleep(seconds)  # the run being measured, not a wait for a condition
+        started = time.monotonic()
+        pages_before_stop = exporter.total() - first
+        proc.send_signal(signal.SIGKILL if stopper == "kill9" else signal.SIGTERM)
+        code = proc.wait(120)
+    finally:
+        if proc.poll() is None:  # the probe failed: leave nothing running
+            proc.kill()
+            proc.wait(30)
     exit_s = time.monotonic() - started
     time.sleep(1.5)  # let the exporter finish any page it was writing when the process died
     served = exporter.total()
