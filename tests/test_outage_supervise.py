@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from hbmwatch.detection import DetectionRunner
 from hbmwatch.records import Finding, Severity
 from hbmwatch.supervise import FatalError, exits_on_fatal, supervise
 from store.store import SchemaOutdated, StoreUnavailable
-from tests.conftest import NOW, Clock, make_store
+from tests.conftest import NOW, REPO, Clock, make_store
 
 
 def test_a_failing_loop_is_restarted_with_growing_pauses() -> None:
@@ -95,3 +97,20 @@ def test_findings_an_outage_refused_are_written_with_the_next_cycle(
     finally:
         other.close()
         store.close()
+
+
+def test_a_thread_stuck_at_exit_cannot_hang_the_process() -> None:
+    """The hang of issue 12: interpreter shutdown waiting forever on a stuck worker thread."""
+    code = (
+        "import threading, sys\n"
+        "from hbmwatch.supervise import exit_deadline\n"
+        "threading.Thread(target=threading.Event().wait).start()  # stuck, not a daemon\n"
+        "exit_deadline(1.0)\n"
+        "sys.exit(0)\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "shutdown did not finish in time" in done.stdout + done.stderr
+    assert time.monotonic() - started < 60
