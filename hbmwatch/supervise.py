@@ -74,8 +74,7 @@ def exits_on_fatal() -> Iterator[None]:
     except* FatalError as group:
         for exc in group.exceptions:
             logger.error("fatal error; stopping", error=str(exc))
-        exit_deadline()
-        raise SystemExit(1) from None
+        raise SystemExit(1) from None  # the entry points' stop has armed exit_deadline
 
 
 def stop_on_signals(stop: asyncio.Event, also: Callable[[], None] | None = None) -> None:
@@ -104,6 +103,8 @@ def exit_deadline(seconds: float = EXIT_DEADLINE_SECONDS, code: int = 1) -> None
 
     A daemon timer: a process that ends in time never waits for it.  What it guards against
     is a worker thread stuck in a database call that interpreter shutdown would wait on.
+    For the process's own entry points (``run``, ``collect``) only: anything else sharing
+    the process would be ended with it.
     """
     if _deadline_armed.is_set():
         return
