@@ -17,11 +17,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from prometheus_client import CollectorRegistry
 
 from alerts.delivery import Dispatcher
 from api.main import create_app
+from api.server import ApiServer, ApiServerError
 from collector.engine import ScrapeEngine
 from collector.spool import Spool
 from collector.targets import Target as CollectorTarget
@@ -37,9 +37,8 @@ from hbmwatch.settings import DetectionSettings, Settings
 from hbmwatch.status import ServiceStatus, snapshot_from_frame
 from hbmwatch.supervise import exit_deadline, exits_on_fatal, stop_on_signals, supervise
 from hbmwatch.validation import ConfigError
-from simulator.runner import Simulation
-from simulator.scenario import load_scenario
-from simulator.server import SimServer, Target
+from simulator.process import FleetSpec, SimProcess, SimulatorFailed
+from simulator.server import Target
 from store.engine import create_store_engine
 from store.guard import unavailable
 from store.migrate import upgrade
@@ -96,33 +95,36 @@ async def maintain(store: Store, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), COMPACT_EVERY_SECONDS)
 
 
-async def start_simulator(settings: Settings) -> tuple[SimServer, list[Target]]:
-    """Start the configured scenario's endpoints and write its ground truth."""
+async def start_simulator(settings: Settings) -> tuple[SimProcess, list[Target]]:
+    """Start the configured scenario's endpoints in their own process; it writes the
+    ground truth."""
     sim_settings = settings.simulator
-    scenario = load_scenario(sim_settings.scenario)
-    sim = Simulation(scenario, seed=sim_settings.seed)
-    server = SimServer(sim, base_port=sim_settings.base_port, speed=sim_settings.speed)
+    process = SimProcess(
+        FleetSpec(
+            scenario=sim_settings.scenario,
+            seed=sim_settings.seed,
+            base_port=sim_settings.base_port,
+            speed=sim_settings.speed,
+            truth_file=sim_settings.truth_file,
+            log_level=settings.log_level,
+            log_format=settings.log_format,
+        )
+    )
     try:
-        targets = await server.start()
-    except OSError as exc:
-        await server.close()
-        raise ConfigError(
-            f"cannot serve the simulated fleet from port {sim_settings.base_port}: {exc}; set "
-            "simulator.base_port (HBMWATCH_SIMULATOR__BASE_PORT=0 picks free ports)",
-            field="simulator.base_port",
-        ) from None
-    sim.write_ground_truth(Path(sim_settings.truth_file))
+        fleet = await process.start()
+    except SimulatorFailed as exc:
+        raise ConfigError(str(exc), field="simulator") from None
     logger.info(
         "simulated fleet serving",
-        scenario=scenario.name,
-        gpus=sim.fleet.size,
-        nodes=len(sim.fleet.nodes),
-        targets=len(targets),
-        first_port=server.ports[0],
+        scenario=fleet.scenario,
+        gpus=fleet.gpus,
+        nodes=fleet.nodes,
+        targets=len(fleet.targets),
+        first_port=fleet.first_port,
         speed=sim_settings.speed,
         ground_truth=sim_settings.truth_file,
     )
-    return server, targets
+    return process, fleet.targets
 
 
 def local_sources(settings: Settings) -> list[Any]:
@@ -198,14 +200,10 @@ async def run(settings: Settings) -> None:
     status = ServiceStatus(collector_interval_seconds=settings.collector.interval_seconds)
     app = create_app(settings, store, registry=registry, status=status,
                      dispatcher_registered=delivering)  # fmt: skip
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=settings.api.host, port=settings.api.port, log_config=None, access_log=False
-        )
-    )
+    server = ApiServer(app, settings.api.host, settings.api.port)
     stop = asyncio.Event()
     logger.info("serving", url=f"http://{settings.api.host}:{settings.api.port}")
-    sim_server: SimServer | None = None
+    sim_server: SimProcess | None = None
     extra: list[CollectorTarget] = []
     simulate = settings.simulator.enabled
     if simulate or (simulate is None and not settings.collector.configured):
@@ -222,14 +220,14 @@ async def run(settings: Settings) -> None:
         targets=len(collector.targets.current()),
         local_sources=len(collector.local_sources),
     )
-    stop_on_signals(stop, also=lambda: setattr(server, "should_exit", True))
+    stop_on_signals(stop)
     try:
         with exits_on_fatal():
             async with asyncio.TaskGroup() as group:
                 spawn = functools.partial(_spawn, group, stop)
                 spawn("maintenance", lambda: maintain(store, stop))
                 if sim_server is not None:
-                    group.create_task(sim_server.run(stop))
+                    group.create_task(sim_server.wait(stop))
                 spawn("collector", lambda: collector.run(stop))
                 alerting = None
                 if settings.alerts.enabled:
@@ -244,14 +242,16 @@ async def run(settings: Settings) -> None:
                         detect, store, settings.detection, stop, alerting, status
                     )
                     spawn("detection", detecting)
-                try:
-                    await server.serve()
-                finally:  # cancelled too (a signal before uvicorn took over): every loop ends
+                try:  # HTTP on its own thread and loop: readers never starve ingest
+                    await server.serve(stop)
+                except ApiServerError as exc:
+                    raise ConfigError(str(exc), field="api.port") from None
+                finally:  # cancelled too: every loop ends
                     stop.set()
                     exit_deadline()
     finally:
         if sim_server is not None:
-            await sim_server.close()
+            await sim_server.stop()
         store.close()
 
 
