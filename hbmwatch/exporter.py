@@ -19,7 +19,7 @@ from hbmwatch.metrics import EXPORTED, MetricDef, Scope, by_scope
 from hbmwatch.query import Selector
 from hbmwatch.records import AlertState, IncidentState
 from hbmwatch.status import LabelledValue, ServiceStatus
-from store.store import Store
+from store.store import Store, StoreUnavailable
 
 logger = log.get("hbmwatch.exporter")
 
@@ -60,6 +60,8 @@ class Exporter(Collector):
         try:
             yield from self._alerting()
             yield from self._targets()
+        except StoreUnavailable as exc:  # an outage: one line (rate-limited), no traceback
+            logger.warning("exporter could not read the store", error=str(exc))
         except Exception:  # a scrape must answer even when the store does not
             logger.exception("exporter could not read the store")
         if not self.dispatcher_registered:
