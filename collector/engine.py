@@ -11,12 +11,12 @@ and nothing else: its series go stale, they are never flat-lined.
 Samples are stamped with the scheduled tick when the scrape starts within 50 ms of it
 (Prometheus' timestamp tolerance), which makes time series regular and compress well.
 
-A target is untrusted: the whole scrape (connect, headers, body, parse) runs under one
-deadline, a page over the sample limit is refused whole, over-long label values are
-dropped before they reach the translator's memo (collector/limits.py), and big pages are
-parsed in a worker thread (collector/scrape.py) so one exploding target cannot starve the
-others.  A scrape that starts late, and ticks skipped because the loop fell behind, are
-counted and logged.
+A target is untrusted: its whole fetch (connect, headers, body) runs under one deadline,
+a page over the sample limit is refused whole, over-long label values are dropped before
+they reach the translator's memo (collector/limits.py), and big pages are parsed in a
+worker thread (collector/scrape.py) so one exploding target cannot starve the others.
+A scrape that starts late, and ticks skipped because the loop fell behind, are counted
+and logged.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from hbmwatch.settings import CollectorSettings
 logger = log.get("hbmwatch.collector")
 TIMESTAMP_TOLERANCE_MS = 50
 CACHE_RESET_SCRAPES = 3600
-#: At most one "falling behind" warning per target this often.
+#: At most one "falling behind" warning (for all targets together) this often.
 BEHIND_LOG_SECONDS = 60.0
 #: A failed device inventory is retried this much later.
 INVENTORY_RETRY_MS = 5_000
@@ -106,6 +106,8 @@ class ScrapeEngine:
         self.last_round_ms = 0
         self.cache_reset_scrapes = CACHE_RESET_SCRAPES
         self.inventory_failing = False
+        self._skipped_total = self._late_total = 0
+        self._behind_logged: tuple[float, int, int] = (-BEHIND_LOG_SECONDS, 0, 0)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -153,9 +155,8 @@ class ScrapeEngine:
         collected: Collected | None = None
         error = reason = ""
         try:
-            async with asyncio.timeout(target.timeout_seconds):
-                collected = await collect(state, self._client(state), self.settings, ts_ms)
-        except (TimeoutError, httpx.TimeoutException):  # the deadline, or httpx's per read
+            collected = await collect(state, self._client(state), self.settings, ts_ms)
+        except (TimeoutError, httpx.TimeoutException):
             error, reason = f"deadline exceeded after {target.timeout_seconds:g} s", "deadline"
         except LimitExceeded as exc:
             error, reason = str(exc), "sample_limit"
@@ -309,6 +310,7 @@ class ScrapeEngine:
             ts = tick if abs(now - tick) <= TIMESTAMP_TOLERANCE_MS else now
             if now - tick > TIMESTAMP_TOLERANCE_MS:  # a busy loop woke this target late
                 state.late_scrapes += 1
+                self._late_total += 1
                 self.late_scrapes.inc()
             try:
                 await self.scrape(target, ts)
@@ -319,27 +321,41 @@ class ScrapeEngine:
             now = self.now_ms()
             if tick < now:  # fell behind (slow target or busy host): skip ahead, and count
                 next_tick = now - (now - offset) % interval_ms + interval_ms
-                state.skipped_ticks += (next_tick - tick) // interval_ms
-                self.skipped_ticks.inc((next_tick - tick) // interval_ms)
+                skipped = (next_tick - tick) // interval_ms
+                state.skipped_ticks += skipped
+                self._skipped_total += skipped
+                self.skipped_ticks.inc(skipped)
                 tick = next_tick
-            self._log_behind(state)
+            self._log_behind()
 
-    def _log_behind(self, state: TargetState) -> None:
-        """One warning per target per ``BEHIND_LOG_SECONDS`` while it skips or starts late."""
-        at, skipped, late = state.behind_logged
-        if (state.skipped_ticks, state.late_scrapes) == (skipped, late):
+    def _log_behind(self) -> None:
+        """At most one "falling behind" warning a minute for the whole fleet.
+
+        A busy host makes every target late at once: one line per target (a thousand at
+        fleet scale) would flood the log, so the line sums what changed since the last
+        one and names the worst target; per-target counts are in the health series.
+        """
+        at, skipped, late = self._behind_logged
+        now_skipped, now_late = self._skipped_total, self._late_total
+        if (now_skipped, now_late) == (skipped, late) or time.monotonic() - at < BEHIND_LOG_SECONDS:
             return
-        now = time.monotonic()
-        if now - at < BEHIND_LOG_SECONDS:
-            return
+        behind = [
+            (s.skipped_ticks - s.behind_mark[0], s.late_scrapes - s.behind_mark[1], s)
+            for s in self._states.values()
+            if (s.skipped_ticks, s.late_scrapes) != s.behind_mark
+        ]
+        worst = max(behind, key=lambda row: row[:2])[2]
         logger.warning(
             "collector falling behind",
-            target=state.target.url,
-            skipped_ticks=state.skipped_ticks - skipped,
-            late_scrapes=state.late_scrapes - late,
-            interval_seconds=state.target.interval_seconds,
+            targets=len(behind),
+            skipped_ticks=now_skipped - skipped,
+            late_scrapes=now_late - late,
+            worst_target=worst.target.url,
+            worst_interval_seconds=worst.target.interval_seconds,
         )
-        state.behind_logged = (now, state.skipped_ticks, state.late_scrapes)
+        for _, _, state in behind:
+            state.behind_mark = (state.skipped_ticks, state.late_scrapes)
+        self._behind_logged = (time.monotonic(), now_skipped, now_late)
 
     async def _flush_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

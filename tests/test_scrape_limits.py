@@ -420,9 +420,8 @@ def test_skipped_and_late_ticks_are_counted_and_logged(sqlite_store: Store, tmp_
     late = sum(s.late_scrapes for s in eng.states)
     assert registry.get_sample_value("hbmwatch_collector_skipped_ticks_total") == skipped
     assert registry.get_sample_value("hbmwatch_collector_late_scrapes_total") == late
-    behind = [e for e in logs if e["event"] == "collector falling behind"]
-    assert len({e["target"] for e in behind}) == len(behind)  # at most one a target a minute
-    assert any(e["skipped_ticks"] > 0 for e in behind)
+    (behind,) = [e for e in logs if e["event"] == "collector falling behind"]  # one a minute
+    assert behind["skipped_ticks"] > 0 and behind["worst_target"].endswith("/metrics")
     stored = sqlite_store.latest(parse_selector('hbmwatch_scrape_skipped_ticks_total{host="slow"}'))
     assert stored and stored[0].value > 0
 
@@ -476,3 +475,28 @@ def test_postgres_down_inventory_fails_samples_spool_and_land(
     assert per_gpu == {"0": 5, "1": 4}  # every scrape, the outage's included
     assert sorted(d.gpu for d in store.devices()) == ["0", "1"]
     store.close()
+
+
+def test_a_stall_of_our_own_loop_is_not_the_targets_fault(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    """A deadline that fires late because this process's loop was blocked (a GC pass, a
+    busy host) gives the scrape one more timeout: the target answered in time."""
+
+    async def run() -> object:
+        async with SlowPage(0.3) as url:
+            target = Target("dcgm", url, {"host": "h"}, 1.0, 1.0)
+            eng = engine(sqlite_store, [target], tmp_path)
+            async with eng:
+
+                async def stall() -> None:
+                    await asyncio.sleep(0.05)
+                    time.sleep(2.0)  # the loop blocked past the scrape's 1 s deadline
+
+                blocker = asyncio.create_task(stall())
+                report = await eng.scrape(target, int(time.time() * 1000))
+                await blocker
+            return report
+
+    report = asyncio.run(run())
+    assert report.up, report.error  # type: ignore[attr-defined]
