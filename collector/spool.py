@@ -9,6 +9,7 @@ counted, rather than filling the disk.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import json
 import os
@@ -40,13 +41,18 @@ class CorruptBatch(ValueError):
     """A spool file this code did not write, or a damaged one."""
 
 
+@functools.lru_cache(maxsize=262_144)
+def _series_key(text: str) -> SeriesKey:
+    """The same series come back batch after batch: parse each text once (replaying a
+    spool after an outage was bound by this parse, slower than the scrapes it caught up)."""
+    ref = parse_series(text)
+    return SeriesKey(ref.name, ref.labels)
+
+
 def decode_batch(blob: bytes) -> list[Sample]:
     try:
         data = json.loads(gzip.decompress(blob))
-        keys = []
-        for text in data["keys"]:
-            ref = parse_series(text)
-            keys.append(SeriesKey(ref.name, ref.labels))
+        keys = [_series_key(text) for text in data["keys"]]
         return [Sample(keys[i], int(ts), float(v)) for i, ts, v in data["rows"]]
     except (
         OSError,

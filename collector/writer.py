@@ -58,6 +58,7 @@ class SpoolingWriter:
         self.retry_seconds = retry_seconds
         self._lock = threading.Lock()
         self._last_attempt = -float("inf")
+        self._failing = False  # the last store attempt failed: wait retry_seconds
         self.last_result: WriteResult | None = None
 
     def write(self, samples: list[Sample], seq: int | None = None) -> Flushed:
@@ -69,13 +70,16 @@ class SpoolingWriter:
         with self._lock:
             done = Flushed(samples=len(samples))
             if self.spool.pending():
-                if time.monotonic() - self._last_attempt < self.retry_seconds:
+                waited = time.monotonic() - self._last_attempt
+                if self._failing and waited < self.retry_seconds:
                     return self._spooled(samples, seq, done)
                 self._last_attempt = time.monotonic()
-                try:
+                try:  # once the store answers, every batch drains what is spooled ahead of it
                     done.replayed = self.spool.replay(self._write, before=seq)
                 except StoreUnavailable:
+                    self._failing = True
                     return self._spooled(samples, seq, done)
+                self._failing = False
                 if done.replayed:
                     logger.info("store is back; spool replayed", samples=done.replayed)
             try:
@@ -84,7 +88,9 @@ class SpoolingWriter:
                 if not self.spool.pending():
                     logger.warning("store unavailable; spooling", error=str(exc))
                 self._last_attempt = time.monotonic()
+                self._failing = True
                 return self._spooled(samples, seq, done)
+            self._failing = False
             self.last_result = result
             done.accepted, done.rejected = result.accepted, result.rejected_total
             return done

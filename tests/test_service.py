@@ -117,31 +117,39 @@ def test_up_serves_health_and_readiness(
     assert ready.status_code == 200, ready.text
     assert ready.json()["checks"] == {"store": "ok", "schema": "ok", "collector": "ok",
                                       "detection": "ok"}  # fmt: skip
-    # The simulated fleet is scraped, detected on and exported: margins per GPU on /metrics.
-    # Every target up at once: on a busy machine a scrape may miss its deadline and recover.
-    families: dict[str, list] = {}
+    # The simulated fleet is scraped, detected on and exported: margins per GPU on /metrics,
+    # every inventoried GPU among them and every target up at once (on a busy machine a
+    # scrape may miss its deadline and a frame a node; both recover).
     deadline = time.monotonic() + 120
+    families, gpus, margin_gpus = _exported(base)
     while time.monotonic() < deadline and not (
-        families.get("hbmwatch_gpu_thermal_margin_celsius")
+        gpus
+        and margin_gpus == gpus
         and all(s.value == 1 for s in families.get("hbmwatch_target_up", []))
     ):
         time.sleep(1)
-        text = httpx.get(f"{base}/metrics").text
-        families = {f.name: f.samples for f in text_string_to_metric_families(text)}
+        families, gpus, margin_gpus = _exported(base)
     margins = families["hbmwatch_gpu_thermal_margin_celsius"]
     assert margins and all(0 < s.value < 80 for s in margins)
     assert {s.labels["sensor"] for s in margins} == {"memory", "hotspot"}
     assert families["hbmwatch_detection_cycle_seconds"][0].value > 0
     assert all(s.value == 1 for s in families["hbmwatch_target_up"])
     assert families["hbmwatch_store_samples_written"][0].value > 0
-    devices = httpx.get(f"{base}/api/v1/devices", params={"limit": 1000}).json()["items"]
-    assert {(d["host"], d["gpu"]) for d in devices} == {
-        (s.labels["host"], s.labels["gpu"]) for s in margins
-    }
+    assert gpus and margin_gpus == gpus
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 0
     output = (tmp_path / "up.log").read_text()
     assert "127.0.0.1" in output  # bound to loopback by default
+
+
+def _exported(base: str) -> tuple[dict[str, list], set, set]:
+    """/metrics by family, the inventoried GPUs, and the GPUs /metrics has margins for."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    families = {f.name: f.samples for f in text_string_to_metric_families(text)}
+    devices = httpx.get(f"{base}/api/v1/devices", params={"limit": 1000}, timeout=30)
+    gpus = {(d["host"], d["gpu"]) for d in devices.json()["items"]}
+    margins = families.get("hbmwatch_gpu_thermal_margin_celsius", [])
+    return families, gpus, {(s.labels["host"], s.labels["gpu"]) for s in margins}
 
 
 def test_readyz_reports_an_unreachable_store(tmp_path: Path) -> None:
