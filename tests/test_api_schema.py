@@ -8,6 +8,7 @@ carry an admin token, so writes reach the store too.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,6 +66,10 @@ def api_schema(api_store: Store) -> schemathesis.BaseSchema:
     return schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
+#: Generated requests per operation; HBMWATCH_SCHEMATHESIS_EXAMPLES=300 for a deeper run.
+EXAMPLES = int(os.environ.get("HBMWATCH_SCHEMATHESIS_EXAMPLES", "60"))
+
+
 @pytest.mark.parametrize(("path", "method"), operations())
 def test_api_conforms_to_its_schema(
     api_schema: schemathesis.BaseSchema, api_store: Store, path: str, method: str
@@ -74,7 +79,7 @@ def test_api_conforms_to_its_schema(
 
     @hypothesis.given(case=operation.as_strategy())
     @hypothesis.settings(
-        max_examples=60,
+        max_examples=EXAMPLES,
         deadline=None,
         suppress_health_check=list(hypothesis.HealthCheck),
         derandomize=True,
