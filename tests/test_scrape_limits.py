@@ -64,16 +64,10 @@ def sqlite_store(tmp_path: Path) -> Store:
     store.close()
 
 
-class Trickle:
-    """A real server that sends its answer a few bytes at a time, for ever.
+class RawServer:
+    """A real asyncio server on a free loopback port; subclasses answer in ``_handle``."""
 
-    Every read gets bytes well inside a per-read timeout, so only a deadline on the
-    whole scrape ends it.  ``stage`` picks whether the headers or the body trickle.
-    """
-
-    def __init__(self, stage: str) -> None:
-        self.stage = stage
-        self.server: asyncio.Server | None = None
+    server: asyncio.Server | None = None
 
     async def __aenter__(self) -> str:
         self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -82,6 +76,20 @@ class Trickle:
     async def __aexit__(self, *exc: object) -> None:
         assert self.server is not None
         self.server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class Trickle(RawServer):
+    """A real server that sends its answer a few bytes at a time, for ever.
+
+    Every read gets bytes well inside a per-read timeout, so only a deadline on the
+    whole scrape ends it.  ``stage`` picks whether the headers or the body trickle.
+    """
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(Exception):
@@ -351,20 +359,11 @@ def test_failing_inventory_keeps_the_samples(tmp_path: Path) -> None:
 
 
 # -- 9: missed and late rounds are counted, exposed and logged ----------------------------
-class SlowPage:
+class SlowPage(RawServer):
     """A real server that answers after ``delay`` seconds: a target slower than its interval."""
 
     def __init__(self, delay: float) -> None:
         self.delay = delay
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> str:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/metrics"
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self.server is not None
-        self.server.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(Exception):
