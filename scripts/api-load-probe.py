@@ -8,6 +8,9 @@ async clients reading one GPU's range query for ``--seconds`` (127.0.0.1 only).
 
   --mode plain    the API as it was: uvicorn on the collector's loop, no admission limit
   --mode guarded  ApiServer on its own thread, admission limits and deadlines (the defaults)
+  --mode up       a real ``hbmwatch up`` (the simulated fleet, 122 targets at 1 s) in a
+                  subprocess; ``--root DIR`` runs another checkout's code (the old one, say).
+                  Kept rounds: scrapes done / scrapes due over the clients' seconds.
 
 Prints p50/p99 of the read, 200s/503s/timeouts, and ingest rounds done vs due.
 Usage: .venv/bin/python scripts/api-load-probe.py --mode guarded
@@ -124,6 +127,65 @@ async def serve(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def scrape_counters(base: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base}/metrics", timeout=60).text
+    wanted = ("hbmwatch_collector_scrapes_total", "hbmwatch_target_up")
+    out = dict.fromkeys(wanted, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                out[sample.name] += 1.0 if sample.name == "hbmwatch_target_up" else sample.value
+    return out
+
+
+async def against_up(args: argparse.Namespace) -> dict[str, object]:
+    """A real ``hbmwatch up`` on the simulated fleet, read by the clients meanwhile."""
+    import os
+
+    work = Path(tempfile.mkdtemp(prefix="hbmwatch-load-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HBMWATCH_")}
+    env.update(HBMWATCH_API__PORT=str(args.port), HBMWATCH_SIMULATOR__BASE_PORT="0",
+               HBMWATCH_STORE__URL=f"sqlite:///{work / 'hbmwatch.db'}")  # fmt: skip
+    if args.root:
+        env["PYTHONPATH"] = str(Path(args.root).resolve())
+    cli = [sys.executable, "-m", "hbmwatch.cli"]
+    subprocess.run([*cli, "migrate"], cwd=work, env=env, check=True, capture_output=True)
+    log = (work / "up.log").open("w")
+    up = subprocess.Popen([*cli, "up"], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{args.port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=10).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(1.0)
+        else:
+            raise SystemExit(f"hbmwatch up was not ready within 300 s: see {work / 'up.log'}")
+        await asyncio.sleep(10.0)  # a probe, not a test: past start-up's first rounds
+        before, t0 = scrape_counters(base), time.monotonic()
+        clients = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--role", "clients", "--port", str(args.port),
+            "--clients", str(args.clients), "--seconds", str(args.seconds),
+            "--host-prefix", "r0-node", stdout=subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await clients.communicate()
+        after, t1 = scrape_counters(base), time.monotonic()
+    finally:
+        up.terminate()
+        up.wait(60)
+        log.close()
+    targets = after["hbmwatch_target_up"]
+    done = after["hbmwatch_collector_scrapes_total"] - before["hbmwatch_collector_scrapes_total"]
+    due = targets * (t1 - t0)
+    return {"mode": "up", "root": args.root or ".", **json.loads(out),
+            "scrapes_kept": f"{done:.0f}/{due:.0f} ({done / due:.0%})"}  # fmt: skip
+
+
 async def hammer(args: argparse.Namespace) -> dict[str, object]:
     """``--clients`` loops reading a range query until ``--seconds`` are up."""
     latencies: list[float] = []
@@ -134,7 +196,8 @@ async def hammer(args: argparse.Namespace) -> dict[str, object]:
     async with httpx.AsyncClient(base_url=base, timeout=10.0, limits=limits) as client:
 
         async def one(i: int) -> None:
-            params = {"query": f'gpu_memory_temperature_celsius{{host="n{i % 8}"}}', "step": 10}
+            host = f"{args.host_prefix}{i % args.hosts}"
+            params = {"query": f'gpu_memory_temperature_celsius{{host="{host}"}}', "step": 10}
             while time.monotonic() < end:
                 t0 = time.monotonic()
                 try:
@@ -158,7 +221,10 @@ async def hammer(args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("plain", "guarded"), default="guarded")
+    parser.add_argument("--mode", choices=("plain", "guarded", "up"), default="guarded")
+    parser.add_argument("--root", help="--mode up: the checkout whose code runs")
+    parser.add_argument("--host-prefix", default="n", help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", type=int, default=8, help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=("server", "clients"), default="server")
     parser.add_argument("--port", type=int, default=18427)
     parser.add_argument("--clients", type=int, default=200)
@@ -166,7 +232,8 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--concurrency", type=int, help="api.max_concurrent_requests (guarded)")
     args = parser.parse_args()
-    run = serve if args.role == "server" else hammer
+    runs = {"plain": serve, "guarded": serve, "up": against_up}
+    run = hammer if args.role == "clients" else runs[args.mode]
     print(json.dumps(asyncio.run(run(args))))
 
 
