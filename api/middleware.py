@@ -59,7 +59,12 @@ class BodyGuard:
             return
         cap = self.max_bytes if granted is not None else self.unauthenticated_bytes
         declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > cap:
+        if (
+            declared is not None
+            and declared.isascii()
+            and declared.isdigit()
+            and int(declared) > cap
+        ):
             await self._refuse(send, cap)
             return
         seen = 0

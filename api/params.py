@@ -71,7 +71,7 @@ def page(items: Sequence[T], limit: int, cursor: str | None) -> Page[T]:
     """One page of an ordered list; the cursor is the offset of the next item."""
     offset = 0
     if cursor:
-        if not cursor.isdigit():
+        if not (cursor.isascii() and cursor.isdigit()):  # '²' is a digit int() refuses
             raise InvalidQuery("cursor: not a cursor this API gave out", parameter="cursor")
         offset = int(cursor)
     end = offset + limit

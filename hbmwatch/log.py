@@ -86,4 +86,22 @@ def configure(
 
 
 def get(name: str) -> structlog.stdlib.BoundLogger:
+    if not structlog.is_configured():
+        _safe_defaults()
     return structlog.get_logger(name)
+
+
+def _safe_defaults() -> None:
+    """Before ``configure`` (an embedding app, a test): structlog's own defaults render
+    rich tracebacks with frame locals, which is how secrets leak; these never do."""
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            scrub_event,
+            structlog.dev.ConsoleRenderer(colors=False),
+            scrub_rendered,
+        ],
+    )

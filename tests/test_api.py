@@ -69,8 +69,9 @@ def test_devices_filter_page_and_topology(client: TestClient, store: Store) -> N
     assert [r["rack"] for r in cluster["racks"]] == ["r0", "r1"]
     assert cluster["racks"][1]["hosts"] == [{"host": "n1", "gpus": ["0", "1", "2", "3"],
                                             "skus": ["H200"]}]  # fmt: skip
-    bad = client.get("/api/v1/devices", params={"cursor": "abc"})
-    assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("cursor")
+    for cursor in ("abc", "²"):  # '²' passes str.isdigit() and fails int(): was a 500
+        bad = client.get("/api/v1/devices", params={"cursor": cursor})
+        assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("cursor")
 
 
 def test_range_query_by_step_and_rfc3339_times(client: TestClient, store: Store,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -149,3 +150,22 @@ def test_scrubbing_a_long_hostile_line_stays_linear() -> None:
         started = time.monotonic()
         scrub_text(line)
         assert time.monotonic() - started < 5.0  # about 20 ms here; quadratic took minutes
+
+
+def test_before_configure_tracebacks_have_no_locals() -> None:
+    """An app that embeds hbmwatch and never calls configure still renders no locals."""
+    code = (
+        "from hbmwatch import log\n"
+        "def connect():\n"
+        "    dsn = 'postgresql://u:hunter2-in-a-local@db/x'\n"
+        "    raise OSError('refused')\n"
+        "try:\n"
+        "    connect()\n"
+        "except OSError:\n"
+        "    log.get('t').exception('failed')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    text = out.stdout + out.stderr
+    assert "OSError: refused" in text and "Traceback" in text
+    assert "hunter2" not in text and "dsn =" not in text
