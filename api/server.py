@@ -9,7 +9,7 @@ API's load (and the admission limits in ``api.admission`` cap the handler thread
 from __future__ import annotations
 
 import asyncio
-import signal
+import contextlib
 import threading
 
 import uvicorn
@@ -99,39 +99,18 @@ class ApiServer:
     def running(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
 
-    async def serve(self, stop: asyncio.Event, *, handle_signals: bool = False) -> None:
+    async def serve(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set or the server dies, then stop it.
 
         Drop-in for ``await uvicorn.Server(...).serve()`` in a composition root: the caller's
-        loop only waits, HTTP runs on the server's own thread.  Signals are the caller's
-        (uvicorn cannot take them off the main thread); ``handle_signals`` makes SIGINT and
-        SIGTERM set ``stop`` for a caller that has no handlers of its own.
+        loop only waits, HTTP runs on the server's own thread.  Signals stay with the caller
+        (uvicorn cannot take them off the main thread): it sets ``stop`` on them.
         """
-        loop = asyncio.get_running_loop()
-        installed = _stop_on_signals(loop, stop) if handle_signals else []
         try:
             await asyncio.to_thread(self.start)
             logger.info("api serving on its own thread", address=self.address)
             while not stop.is_set() and self.running:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)
-                except TimeoutError:
-                    continue
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
             await asyncio.to_thread(self.stop)
-
-
-def _stop_on_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> list[int]:
-    """SIGINT and SIGTERM set ``stop`` (main thread only, as uvicorn did before)."""
-    if threading.current_thread() is not threading.main_thread():
-        return []
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            continue
-        installed.append(sig)
-    return installed

@@ -77,9 +77,9 @@ def exits_on_fatal() -> Iterator[None]:
         raise SystemExit(1) from None  # the entry points' stop has armed exit_deadline
 
 
-def stop_on_signals(stop: asyncio.Event, also: Callable[[], None] | None = None) -> None:
-    """SIGTERM and SIGINT set ``stop`` (and call ``also``), so every loop ends and the
-    collector flushes its batch, instead of the process dying with samples in memory."""
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """SIGTERM and SIGINT set ``stop``, so every loop ends and the collector flushes its
+    batch, instead of the process dying with samples in memory."""
     loop = asyncio.get_running_loop()
 
     def handle(sig: signal.Signals) -> None:
@@ -87,8 +87,6 @@ def stop_on_signals(stop: asyncio.Event, also: Callable[[], None] | None = None)
             logger.info("stopping", signal=sig.name)
         stop.set()
         exit_deadline()
-        if also is not None:
-            also()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
