@@ -110,34 +110,43 @@ def _wait_until_collected(db: Path, hosts: int, seconds: float = 60) -> None:
         store.close()
 
 
+def _wait_until_detected(base: str, seconds: float = 120) -> None:
+    """Until a detection cycle has seen temperatures (its thermal margins are exported)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{base}/metrics", timeout=30).text
+        families = {f.name: f.samples for f in text_string_to_metric_families(text)}
+        if families.get("hbmwatch_gpu_thermal_margin_celsius"):
+            return
+        time.sleep(1)
+    raise AssertionError(f"no detection cycle over the collected temperatures in {seconds} s")
+
+
 def test_up_without_targets_runs_the_default_scenario(tmp_path: Path) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [*HBMWATCH, "up"],
-        cwd=tmp_path,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=clean_env(
-            HBMWATCH_API__PORT=str(port),
-            HBMWATCH_SIMULATOR__BASE_PORT="0",
-            HBMWATCH_ALERTS__RECEIVERS='[{"name": "hook", "kind": "webhook", '
-            '"url": "http://127.0.0.1:9/hook"}]',
-        ),
-    )
-    lines: list[str] = []
+    log = tmp_path / "up.log"  # a file: a pipe nobody reads would fill and block the service
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*HBMWATCH, "up"],
+            cwd=tmp_path,
+            text=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=clean_env(
+                HBMWATCH_API__PORT=str(port),
+                HBMWATCH_SIMULATOR__BASE_PORT="0",
+                HBMWATCH_ALERTS__RECEIVERS='[{"name": "hook", "kind": "webhook", '
+                '"url": "http://127.0.0.1:9/hook"}]',
+            ),
+        )
     try:
-        deadline = time.monotonic() + 60
-        first_port = None
-        while time.monotonic() < deadline and not (
-            first_port and any("alert delivery starting" in x for x in lines)
-        ):
-            line = proc.stdout.readline() if proc.stdout else ""
-            lines.append(line)
-            if match := re.search(r"first_port=(\d+)", line):
-                first_port = int(match.group(1))
-        assert first_port, "".join(lines)
-        text = "".join(lines)
+        deadline = time.monotonic() + 120
+        text = ""
+        while "alert delivery starting" not in text or "first_port=" not in text:
+            assert time.monotonic() < deadline and proc.poll() is None, text
+            time.sleep(0.2)
+            text = log.read_text()
+        first_port = int(re.search(r"first_port=(\d+)", text).group(1))  # type: ignore[union-attr]
         assert "running the bundled simulated fleet" in text and "scenario=default" in text
         assert "alerting ready" in text and "receivers=['webhook:hook']" in text
         listed = httpx.get(f"http://127.0.0.1:{first_port}/targets", timeout=10).json()
@@ -145,7 +154,7 @@ def test_up_without_targets_runs_the_default_scenario(tmp_path: Path) -> None:
         truth = json.loads((tmp_path / "hbmwatch-sim-truth.json").read_text())
         assert truth["scenario"] == "default" and len(truth["faults"]) == 5
         _wait_until_collected(tmp_path / "hbmwatch.db", hosts=9)
-        time.sleep(12)  # two detection cycles (every 5 s, 2 s settling) over what came in
+        _wait_until_detected(f"http://127.0.0.1:{port}")
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
