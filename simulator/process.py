@@ -17,7 +17,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from hbmwatch import log
 from simulator.server import Target
+
+logger = log.get("hbmwatch.simulator")
 
 START_TIMEOUT_SECONDS = 120.0
 STOP_TIMEOUT_SECONDS = 10.0
@@ -89,6 +92,8 @@ class SimProcess:
         while not stop.is_set() and self.alive:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
+        if not stop.is_set():  # its targets now read as down: say why once
+            logger.error("the simulated fleet's process ended", exitcode=self._process.exitcode)
 
     async def stop(self) -> None:
         with contextlib.suppress(OSError, ValueError):
