@@ -407,6 +407,7 @@ def test_skipped_and_late_ticks_are_counted_and_logged(sqlite_store: Store, tmp_
 
             hog = asyncio.create_task(busy_host())
             deadline = time.monotonic() + 60
+            counted_at: int | None = None  # the slow target's scrapes when its skips counted
             while time.monotonic() < deadline:
                 states = {s.target.labels["host"]: s for s in eng.states}
                 if (
@@ -414,7 +415,9 @@ def test_skipped_and_late_ticks_are_counted_and_logged(sqlite_store: Store, tmp_
                     and states["slow"].skipped_ticks >= 5
                     and all(s.late_scrapes >= 2 for s in states.values())
                 ):
-                    break
+                    counted_at = states["slow"].scrapes if counted_at is None else counted_at
+                    if states["slow"].scrapes > counted_at:  # a scrape since wrote its health
+                        break
                 await asyncio.sleep(0.05)
             stop.set()
             await asyncio.wait_for(asyncio.gather(task, hog), 60)
