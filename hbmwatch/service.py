@@ -20,8 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from alerts.delivery import Dispatcher
-from api.main import create_app
-from api.server import ApiServer, ApiServerError
+from api.server import ApiServerError
 from collector.engine import ScrapeEngine
 from collector.spool import Spool
 from collector.targets import Target as CollectorTarget
@@ -31,6 +30,7 @@ from detectors import default_detectors
 from detectors.context import Context
 from hbmwatch import log
 from hbmwatch.alerting import Alerting
+from hbmwatch.apiprocess import ApiProcess
 from hbmwatch.detection import DetectionRunner
 from hbmwatch.records import Finding
 from hbmwatch.settings import DetectionSettings, Settings
@@ -198,9 +198,17 @@ async def run(settings: Settings) -> None:
     logger.info("store ready", url=_redact(settings.store.url), schema=revision)
     delivering = settings.alerts.enabled and bool(settings.alerts.receivers)
     status = ServiceStatus(collector_interval_seconds=settings.collector.interval_seconds)
-    app = create_app(settings, store, registry=registry, status=status,
+    alerting: Alerting | None = None
+
+    def alerting_for_api() -> Alerting:  # the service's engine, or one made at first use
+        nonlocal alerting
+        if alerting is None:
+            alerting = Alerting(store, settings.alerts)
+            alerting.start()
+        return alerting
+
+    api = ApiProcess(settings, status, registry, alerting_for_api,
                      dispatcher_registered=delivering)  # fmt: skip
-    server = ApiServer(app, settings.api.host, settings.api.port)
     stop = asyncio.Event()
     logger.info("serving", url=f"http://{settings.api.host}:{settings.api.port}")
     sim_server: SimProcess | None = None
@@ -229,11 +237,9 @@ async def run(settings: Settings) -> None:
                 if sim_server is not None:
                     group.create_task(sim_server.wait(stop))
                 spawn("collector", lambda: collector.run(stop))
-                alerting = None
                 if settings.alerts.enabled:
                     alerting = Alerting(store, settings.alerts)
                     await asyncio.to_thread(alerting.start)
-                    app.state.alerting = alerting
                     if delivering:
                         spawn("delivery", lambda: deliver(store, settings, stop, registry))
                 if settings.detection.enabled:
@@ -242,14 +248,17 @@ async def run(settings: Settings) -> None:
                         detect, store, settings.detection, stop, alerting, status
                     )
                     spawn("detection", detecting)
-                try:  # HTTP on its own thread and loop: readers never starve ingest
-                    await server.serve(stop)
-                except ApiServerError as exc:
-                    raise ConfigError(str(exc), field="api.port") from None
+                try:  # HTTP in its own process: readers never starve ingest
+                    try:
+                        await api.start()
+                    except ApiServerError as exc:
+                        raise ConfigError(str(exc), field="api.port") from None
+                    await supervise("api", lambda: api.serve(stop), stop)
                 finally:  # cancelled too: every loop ends
                     stop.set()
                     exit_deadline()
     finally:
+        await api.stop()
         if sim_server is not None:
             await sim_server.stop()
         store.close()

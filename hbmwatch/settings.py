@@ -113,6 +113,13 @@ class ApiSettings(_Section):
     request_timeout_seconds: float = Field(
         30.0, gt=0, le=600, description="A request not answered by then gets a 503."
     )
+    nice: int = Field(
+        5,
+        ge=0,
+        le=19,
+        description="Under hbmwatch up the API runs in its own process at this niceness: when "
+        "the CPU is short, the collector gets it before readers.",
+    )
 
 
 TargetKind = Literal["dme", "dcgm", "vllm", "sglang", "tgi", "triton", "training", "mapped"]

@@ -2,7 +2,7 @@
 
 The service writes it (the collector's last round, each detection cycle's timing and a
 snapshot of the newest derived signals); the API only reads it.  A process that serves the
-API without a collector or detectors (tests, ``hbmwatch serve`` against a store) leaves the
+API without a collector or detectors (tests, an app over a store alone) leaves the
 parts it does not run at None, and readiness reports them as not running rather than failing.
 """
 

@@ -148,6 +148,7 @@ async def against_up(args: argparse.Namespace) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HBMWATCH_")}
     env.update(HBMWATCH_API__PORT=str(args.port), HBMWATCH_SIMULATOR__BASE_PORT="0",
                HBMWATCH_STORE__URL=f"sqlite:///{work / 'hbmwatch.db'}")  # fmt: skip
+    env.update(pair.split("=", 1) for pair in args.env)  # type: ignore[misc]
     if args.root:
         env["PYTHONPATH"] = str(Path(args.root).resolve())
     cli = [sys.executable, "-m", "hbmwatch.cli"]
@@ -182,7 +183,7 @@ async def against_up(args: argparse.Namespace) -> dict[str, object]:
     targets = after["hbmwatch_target_up"]
     done = after["hbmwatch_collector_scrapes_total"] - before["hbmwatch_collector_scrapes_total"]
     due = targets * (t1 - t0)
-    return {"mode": "up", "root": args.root or ".", **json.loads(out),
+    return {"mode": "up", "root": args.root or ".", "env": args.env, **json.loads(out),
             "scrapes_kept": f"{done:.0f}/{due:.0f} ({done / due:.0%})"}  # fmt: skip
 
 
@@ -223,6 +224,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("plain", "guarded", "up"), default="guarded")
     parser.add_argument("--root", help="--mode up: the checkout whose code runs")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="HBMWATCH_X=V",
+        help="--mode up: a setting for the service (HBMWATCH_API__NICE=0)",
+    )
     parser.add_argument("--host-prefix", default="n", help=argparse.SUPPRESS)
     parser.add_argument("--hosts", type=int, default=8, help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=("server", "clients"), default="server")
