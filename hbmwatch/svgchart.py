@@ -49,6 +49,9 @@ class Panel:
     lines: Sequence[Line]
     normalise: bool = False
     empty_text: str = "no data in this window"
+    log: bool = False  # a log axis: 3x and 50x both readable on one panel
+    reference: float | None = None  # a dashed level to read against (1x: the baseline)
+    reference_label: str = ""
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,25 @@ def value_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     return ticks if len(ticks) > 1 else [first, first + step]
 
 
+def log_ticks(lo: float, hi: float, max_ticks: int = 9) -> list[float]:
+    """1-2-5 values covering ``[lo, hi]`` (both > 0) for a log axis; decades when crowded.
+
+    >>> log_ticks(0.8, 60), log_ticks(0.9, 4000)
+    ([0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0], [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0])
+    """
+    lo = max(lo, 1e-12)
+    hi = max(hi, lo * 1.01)
+    low, high = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    for mantissas in ((1.0, 2.0, 5.0), (1.0,)):
+        seq = [round(m * 10.0**e, 12) for e in range(low, high + 1) for m in mantissas]
+        first = max([v for v in seq if v <= lo * (1 + 1e-9)] or [seq[0]])
+        last = min([v for v in seq if v >= hi * (1 - 1e-9)] or [seq[-1]])
+        ticks = [v for v in seq if first <= v <= last]
+        if len(ticks) <= max_ticks:
+            break
+    return ticks
+
+
 def time_ticks(start_s: float, end_s: float, max_ticks: int = 9) -> list[float]:
     """Instants on whole UTC minutes/hours inside the range, at most ``max_ticks`` of them.
 
@@ -141,6 +163,8 @@ def format_value(v: float, unit: str) -> str:
 
     >>> format_value(0.25, "seconds"), format_value(85.0, "celsius"), format_value(0.35, "ratio")
     ('250 ms', '85 °C', '35%')
+    >>> format_value(2.4, "times")
+    '2.4x'
     """
     if not math.isfinite(v):
         return str(v)
@@ -150,6 +174,8 @@ def format_value(v: float, unit: str) -> str:
         return f"{v:.3g} °C"
     if unit in ("ratio", "percent_of_range"):
         return f"{v * 100:.3g}%"
+    if unit == "times":
+        return f"{v:.3g}x"
     suffix = {"watts": " W", "hertz": " Hz", "bytes": " B", "": ""}.get(unit, f" {unit}")
     return f"{v:.3g}{suffix}"
 
@@ -171,15 +197,39 @@ def _clip(label: str, limit: int = LEGEND_CHARS) -> str:
     return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
-def _y_axis(f: _Frame, ticks: list[float], unit: str) -> list[str]:
+def _y_axis(f: _Frame, ticks: list[float], unit: str, log: bool) -> list[str]:
+    """Grid lines and labels; on a log axis ``ticks`` are log10 positions."""
     out = []
     lo, hi = ticks[0], ticks[-1]
     for v in ticks:
         y = f.y((v - lo) / (hi - lo))
         out.append(f'<line x1="{f.x0:.1f}" y1="{y:.1f}" x2="{f.x1:.1f}" y2="{y:.1f}" '
                    'class="grid"/>')  # fmt: skip
-        out.append(_text(f.x0 - 6, y + 4, format_value(v, unit), "tick", "end"))
+        label = format_value(10.0**v if log else v, unit)
+        out.append(_text(f.x0 - 6, y + 4, label, "tick", "end"))
     return out
+
+
+def _reference(f: _Frame, panel: Panel, lo: float, hi: float) -> list[str]:
+    """A dashed level (the baseline, 1x) across the plot, labelled at its right end."""
+    if panel.reference is None or panel.normalise:
+        return []
+    level = _scaled(panel.reference, panel.log)
+    if level is None or not lo <= level <= hi:
+        return []
+    y = f.y((level - lo) / (hi - lo))
+    label = panel.reference_label or format_value(panel.reference, panel.unit)
+    return [
+        f'<line x1="{f.x0:.1f}" y1="{y:.1f}" x2="{f.x1:.1f}" y2="{y:.1f}" class="ref"/>',
+        _text(f.x1 - 4, y - 4, label, "ref-label", "end"),
+    ]
+
+
+def _scaled(v: float, log: bool) -> float | None:
+    """A value where the axis puts it: log10 on a log axis (None for v <= 0 there)."""
+    if not log:
+        return v
+    return math.log10(v) if v > 0 else None
 
 
 def _x_axis(f: _Frame) -> list[str]:
@@ -226,7 +276,7 @@ def _polyline(f: _Frame, line: Line, pts: list, lo: float, hi: float, colour: st
 
 
 def _ranges(panel: Panel, data: list[list]) -> tuple[list[float], list[tuple[float, float]]]:
-    """The axis ticks, and the (lo, hi) each line is mapped from."""
+    """The axis ticks, and the (lo, hi) each line is mapped from (log10 on a log axis)."""
     if panel.normalise:
         spans = []
         for pts in data:
@@ -234,8 +284,16 @@ def _ranges(panel: Panel, data: list[list]) -> tuple[list[float], list[tuple[flo
             lo, hi = min(vs), max(vs)
             spans.append((lo, hi) if hi > lo else (lo - 0.5, hi + 0.5))
         return [0.0, 0.25, 0.5, 0.75, 1.0], spans
-    values = [v for pts in data for _, v in pts] or [0.0, 1.0]
-    ticks = value_ticks(min(values), max(values))
+    values = [v for pts in data for _, v in pts]
+    if panel.reference is not None:
+        level = _scaled(panel.reference, panel.log)
+        values += [] if level is None else [level]
+    values = values or [0.0, 1.0]
+    if panel.log:
+        real = log_ticks(10.0 ** min(values), 10.0 ** max(values))
+        ticks = [math.log10(t) for t in real]
+    else:
+        ticks = value_ticks(min(values), max(values))
     return ticks, [(ticks[0], ticks[-1])] * len(data)
 
 
@@ -264,13 +322,17 @@ def panel_height(panel: Panel, plot_h: float) -> float:
 
 def _panel(panel: Panel, f: _Frame, marks: Sequence[Mark], first: bool) -> list[str]:
     data = [_finite(line.points, f.start_s, f.end_s) for line in panel.lines]
+    if panel.log:  # a log axis draws log10 of what is above zero
+        data = [[(t, math.log10(v)) for t, v in pts if v > 0] for pts in data]
     unit = "percent_of_range" if panel.normalise else panel.unit
     title = panel.title + (" (each series scaled to its own range)" if panel.normalise else "")
+    title += " (log scale)" if panel.log else ""
     out = [_text(LEFT - 64, f.y0 - 8, title, "panel-title")]
     out.append(f'<rect x="{f.x0:.1f}" y="{f.y0:.1f}" width="{f.x1 - f.x0:.1f}" '
                f'height="{f.y1 - f.y0:.1f}" class="plot"/>')  # fmt: skip
     ticks, spans = _ranges(panel, data)
-    out += _y_axis(f, ticks, unit) + _x_axis(f) + _marks(f, marks, first)
+    out += _y_axis(f, ticks, unit, panel.log and not panel.normalise) + _x_axis(f)
+    out += _marks(f, marks, first) + _reference(f, panel, ticks[0], ticks[-1])
     for line, pts, (lo, hi) in zip(panel.lines, data, spans, strict=True):
         if pts:
             out.append(_polyline(f, line, pts, lo, hi, f.colours[line.series]))
@@ -289,6 +351,8 @@ _STYLE = (
     ".mark-label{font-size:11px;fill:#b00020;paint-order:stroke;stroke:#fff;stroke-width:3px}"
     ".series{stroke-width:1.8;stroke-linejoin:round;stroke-linecap:round}"
     ".swatch{stroke-width:3}"
+    ".ref{stroke:#555;stroke-width:1.2;stroke-dasharray:6 4}"
+    ".ref-label{font-size:11px;fill:#555;paint-order:stroke;stroke:#fff;stroke-width:3px}"
 )
 
 

@@ -18,13 +18,8 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 from markupsafe import Markup
 
 from api.deps import ScopeRead, StoreDep
-from hbmwatch.incident_view import (
-    build_incident_view,
-    duration,
-    incident_chart,
-    relative,
-    utc,
-)
+from hbmwatch.incident_view import build_incident_view, incident_chart
+from hbmwatch.incident_words import duration, relative, utc, utc_time
 from store.store import StoreUnavailable
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -42,7 +37,7 @@ def templates() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.globals.update(utc=utc, relative=relative, duration=duration)
+    env.globals.update(utc=utc, utc_time=utc_time, relative=relative, duration=duration)
     return env
 
 
