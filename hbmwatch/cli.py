@@ -230,9 +230,22 @@ def eval_(
         float | None, typer.Option(help="Simulated seconds per run (default: the scenario's).")
     ] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
+    start_hour: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            max=23.99,
+            help="Start each run at this hour of the simulated "
+            "day (14.83 = 14:50, the daily peak); default 09:00.",
+        ),
+    ] = None,
+    random_start: Annotated[
+        bool, typer.Option(help="Start each run at a random hour drawn from its scenario and seed.")
+    ] = False,
 ) -> None:
-    """Run scenarios through collector, store and detectors; score against ground truth."""
-    from hbmwatch import evaluation, scoring
+    """Run scenarios through collector, store, detectors, alerting and delivery; score the
+    findings and the incidents and pages against ground truth."""
+    from hbmwatch import evaluation, incident_report, scoring
 
     log.configure("warning")
     seeds: list[int | None] = list(seed) if seed else [None]
@@ -245,18 +258,28 @@ def eval_(
             f"{r.wall_seconds:.0f} s, {len(r.findings)} findings, {r.samples:,} samples"
         )
 
+    if start_hour is not None and random_start:
+        console.print("[red]error:[/red] --start-hour and --random-start: choose one")
+        raise typer.Exit(2)
     try:
-        results = evaluation.evaluate(scenarios, seeds, jobs=jobs, duration_s=duration, done=done)
+        results = evaluation.evaluate(scenarios, seeds, jobs=jobs, duration_s=duration,
+                                      done=done, start_hour=start_hour,
+                                      random_start=random_start)  # fmt: skip
     except (HbmwatchError, ValueError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
     report = scoring.score(results)
-    Console(width=140).print(report.table())
+    paged = incident_report.score_incidents(results)
+    Console(width=160).print(report.table())
+    Console(width=160).print(paged.table())
     if json_out is not None:
-        data = report.to_json() | {"runs": [evaluation.run_summary(r) for r in results]}
+        data = report.to_json() | {
+            "incidents": paged.to_json(),
+            "runs": [evaluation.run_summary(r) for r in results],
+        }
         json_out.write_text(json.dumps(data, indent=2) + "\n")
         console.print(f"report written to {json_out}")
-    raise typer.Exit(0 if report.passed else 1)
+    raise typer.Exit(0 if report.passed and paged.passed else 1)
 
 
 @app.command("score-file")

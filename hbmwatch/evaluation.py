@@ -7,13 +7,17 @@ engine, parsers and spool-backed writer into a fresh SQLite store), and every
 ``detect_every_s`` simulated seconds one detection cycle.  The simulated clock drives the
 store and the detectors, so a 30-minute scenario runs in a minute or two of wall time and
 gives the same answer every time.  ``hbmwatch.scoring`` compares the findings with the
-scenario's ground truth.
+scenario's ground truth.  Each cycle's findings also go through the real alerting and
+delivery (``hbmwatch.eval_pager``), so ``hbmwatch.incident_scoring`` can score the incidents
+and pages on-call would have got.  A run starts at ``EVAL_START`` (09:00) unless told
+another instant (``start_time``: a chosen or a seeded random hour of the simulated day).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,6 +34,7 @@ from collector.writer import SpoolingWriter
 from detectors import default_detectors
 from detectors.context import Context
 from hbmwatch.detection import CycleReport, DetectionRunner
+from hbmwatch.eval_pager import Pager, PagerRecord
 from hbmwatch.records import Finding
 from hbmwatch.settings import CollectorSettings, StoreSettings
 from simulator.runner import Simulation
@@ -41,6 +46,10 @@ from store.store import Store
 
 #: Evaluations start at a fixed instant, so the daily load pattern is the same every run.
 EVAL_START = dt.datetime(2026, 11, 23, 9, 0, tzinfo=dt.UTC)
+#: A scrape's wall-clock deadline.  The fleet answers in lockstep, so only a busy machine
+#: makes it slow; with 5 s (the collector's default) a loaded host turned a run's first
+#: scrapes into target-down findings and pages that no fault explains.
+SCRAPE_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -56,6 +65,7 @@ class RunResult:
     detect_seconds: float
     timings: dict[str, float] = field(default_factory=dict)
     cycles_detail: list[CycleReport] = field(default_factory=list)
+    pager: PagerRecord | None = None  # alerts, incidents and pages (None: not paged)
 
 
 async def run_scenario(
@@ -69,9 +79,11 @@ async def run_scenario(
     progress: Callable[[float, float], None] | None = None,
     on_cycle: Callable[[Store, CycleReport], Awaitable[None]] | None = None,
     start_unix: float | None = None,
+    page: bool = False,
 ) -> RunResult:
-    """One scenario through the real path; ``on_cycle`` sees each detection cycle's report
-    (alerting and delivery hook in there), ``start_unix`` moves the simulated clock."""
+    """One scenario through the real path; ``on_cycle`` sees each detection cycle's report,
+    ``start_unix`` moves the simulated clock, ``page`` runs alerting and delivery too
+    (``hbmwatch eval`` does; off by default, so a caller's own alerting has the store alone)."""
     start = scenario.start.timestamp() if scenario.start else EVAL_START.timestamp()
     start = start if start_unix is None else start_unix
     sim = Simulation(scenario, seed=seed, start_unix=start)
@@ -88,7 +100,13 @@ async def run_scenario(
         served = await server.start()
         settings = CollectorSettings(flush_samples=10**9)
         targets = [
-            Target(t.kind, t.url, dict(t.labels), _interval(t.kind, workload_scrape_s), 5.0)
+            Target(
+                t.kind,
+                t.url,
+                dict(t.labels),
+                _interval(t.kind, workload_scrape_s),
+                SCRAPE_TIMEOUT_S,
+            )
             for t in served
         ]
         sink = BatchingSink(
@@ -99,10 +117,15 @@ async def run_scenario(
             store, default_detectors(), context=Context(), clock=clock, state_every_seconds=600
         )
         runner.start()
+        pager = Pager(store, clock) if page else None
+        cycle_hook = _chain(pager, on_cycle)
         t0 = time.perf_counter()
-        timings = {"simulate": 0.0, "scrape": 0.0, "store": 0.0, "detect": 0.0, "compact": 0.0}
+        timings = {"simulate": 0.0, "scrape": 0.0, "store": 0.0, "detect": 0.0, "compact": 0.0,
+                   "page": 0.0}  # fmt: skip
         reports: list[CycleReport] = []
         try:
+            if pager is not None:
+                await pager.start()
             async with collector:
                 next_detect = detect_every_s
                 while sim.t < end_t - 1e-9:
@@ -118,10 +141,12 @@ async def run_scenario(
                     timings["store"] += d - c
                     if sim.t + 1e-9 >= next_detect:
                         reports.append(runner.cycle(int(sim.now_unix * 1000)))
-                        if on_cycle is not None:
-                            await on_cycle(store, reports[-1])
+                        e = time.perf_counter()
+                        timings["detect"] += e - d
+                        if cycle_hook is not None:
+                            await cycle_hook(store, reports[-1])
                         next_detect += detect_every_s
-                        timings["detect"] += time.perf_counter() - d
+                        timings["page"] += time.perf_counter() - e
                     if int(sim.t) % 60 == 0:
                         e = time.perf_counter()
                         store.compact()
@@ -129,10 +154,12 @@ async def run_scenario(
                     if progress is not None and int(sim.t) % 60 == 0:
                         progress(sim.t, end_t)
             final = runner.cycle(int(sim.now_unix * 1000) + runner.settle_ms)
-            if on_cycle is not None:
-                await on_cycle(store, final)
+            if cycle_hook is not None:
+                await cycle_hook(store, final)
             findings = store.findings.query(limit=100_000)
         finally:
+            if pager is not None:
+                await pager.close()
             await server.close()
             store.close()
     truth = sim.ground_truth()
@@ -149,7 +176,37 @@ async def run_scenario(
         detect_seconds=timings["detect"],
         timings=timings,
         cycles_detail=reports,
+        pager=None if pager is None else pager.record,
     )
+
+
+def _chain(
+    pager: Pager | None, on_cycle: Callable[[Store, CycleReport], Awaitable[None]] | None
+) -> Callable[[Store, CycleReport], Awaitable[None]] | None:
+    """The pager first (as ``hbmwatch up`` alerts right after each cycle), then the caller's."""
+    if pager is None or on_cycle is None:
+        return on_cycle if pager is None else pager.on_cycle
+
+    async def both(store: Store, report: CycleReport) -> None:
+        await pager.on_cycle(store, report)
+        await on_cycle(store, report)
+
+    return both
+
+
+def start_time(scenario: str, seed: int | None, *, hour: float | None = None,
+               random_hour: bool = False) -> float | None:  # fmt: skip
+    """When a run starts: ``hour`` of ``EVAL_START``'s day, or a random hour drawn from the
+    scenario and seed (so reruns agree), to the minute; None keeps the scenario's own."""
+    if random_hour:
+        digest = hashlib.sha256(f"{scenario}|{seed}".encode()).digest()
+        hour = int.from_bytes(digest[:4], "big") % (24 * 60) / 60.0
+    if hour is None:
+        return None
+    if not 0 <= hour < 24:
+        raise ValueError(f"start hour {hour:g} is not in [0, 24)")
+    midnight = EVAL_START.replace(hour=0, minute=0, second=0)
+    return midnight.timestamp() + hour * 3600.0
 
 
 def _interval(kind: str, workload_scrape_s: float) -> float:
@@ -157,9 +214,16 @@ def _interval(kind: str, workload_scrape_s: float) -> float:
     return 1.0 if kind in ("dme", "dcgm") else workload_scrape_s
 
 
-def _run_one(source: str, seed: int | None, duration_s: float | None) -> RunResult:
+def _run_one(
+    source: str, seed: int | None, duration_s: float | None, hour: float | None = None,
+    random_hour: bool = False,
+) -> RunResult:  # fmt: skip
     scenario = load_scenario(source)
-    result = asyncio.run(run_scenario(scenario, seed=seed, duration_s=duration_s))
+    seed_used = scenario.seed if seed is None else seed
+    start = start_time(scenario.name, seed_used, hour=hour, random_hour=random_hour)
+    result = asyncio.run(
+        run_scenario(scenario, seed=seed, duration_s=duration_s, start_unix=start, page=True)
+    )
     result.cycles_detail = []  # the per-cycle reports stay in the worker
     return result
 
@@ -171,20 +235,25 @@ def evaluate(
     jobs: int = 1,
     duration_s: float | None = None,
     done: Callable[[RunResult], None] | None = None,
+    start_hour: float | None = None,
+    random_start: bool = False,
 ) -> list[RunResult]:
-    """Every scenario at every seed, ``jobs`` runs at a time in worker processes."""
+    """Every scenario at every seed, ``jobs`` runs at a time in worker processes; each run
+    starts at ``start_hour`` of the simulated day, or a seeded random hour."""
     plan = [(s, seed) for s in sources for seed in seeds]
     for source, _ in plan:
         load_scenario(source)  # a bad name or file fails before any run starts
+    start_time("check", None, hour=start_hour)  # a bad hour fails before any run starts
+    when = (start_hour, random_start)
     results: list[RunResult] = []
     if jobs <= 1:
         for source, seed in plan:
-            results.append(_run_one(source, seed, duration_s))
+            results.append(_run_one(source, seed, duration_s, *when))
             if done:
                 done(results[-1])
         return results
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(_run_one, s, seed, duration_s) for s, seed in plan]
+        futures = [pool.submit(_run_one, s, seed, duration_s, *when) for s, seed in plan]
         for future in as_completed(futures):
             results.append(future.result())
             if done:
@@ -205,6 +274,7 @@ def run_summary(r: RunResult) -> dict[str, Any]:
         "cycles": r.cycles,
         "detect_seconds": round(r.detect_seconds, 3),
         "timings": {k: round(v, 2) for k, v in r.timings.items()},
+        "start_unix": r.truth.get("start_unix"),
         "truth": r.truth,
         "findings": [finding_to_dict(f) for f in r.findings],
     }

@@ -121,20 +121,20 @@ def _affected_places(t: Mapping[str, Any]) -> dict[str, set[tuple[str, ...]]]:
 
 
 @dataclass(frozen=True)
-class _Truth:
+class FaultTruth:
     fault: Fault
     places: Mapping[str, set[tuple[str, ...]]]
     gpu_keys: frozenset[tuple[str, str, str]]  # cluster may be "" for findings without one
 
 
-def _truth(t: Mapping[str, Any]) -> _Truth:
+def fault_truth(t: Mapping[str, Any]) -> FaultTruth:
     fault = Fault.from_truth(t)
     keys = set(fault.gpus) | {("", h, g) for _, h, g in fault.gpus}
-    return _Truth(fault, _affected_places(t), frozenset(keys))
+    return FaultTruth(fault, _affected_places(t), frozenset(keys))
 
 
 # -- matching -------------------------------------------------------------------------------
-def entity_matches(entity: Mapping[str, str], truth: _Truth) -> bool:
+def entity_matches(entity: Mapping[str, str], truth: FaultTruth) -> bool:
     """Whether a finding's entity is what the fault affected (rules in the module doc)."""
     c = str(entity.get("cluster", ""))
     host, gpu, rack = entity.get("host"), entity.get("gpu"), entity.get("rack")
@@ -155,7 +155,7 @@ def _started_within(f: Finding, fault: Fault, before_s: float, after_s: float) -
     return fault.onset - before_s <= f.started_ms / 1000.0 <= fault.end + after_s
 
 
-def matches(f: Finding, truth: _Truth) -> bool:
+def matches(f: Finding, truth: FaultTruth) -> bool:
     """Counts toward detection: an expected kind, the right entity, in the window."""
     return (
         str(f.kind) in truth.fault.expected_findings
@@ -164,9 +164,14 @@ def matches(f: Finding, truth: _Truth) -> bool:
     )
 
 
-def explains(f: Finding, truth: _Truth) -> bool:
+def kind_explained(kind: str, fault_kind: str) -> bool:
+    """A fault explains any kind of finding but data quality, which only sensor faults do."""
+    return kind != FindingKind.DATA_QUALITY or fault_kind in SENSOR_FAULTS
+
+
+def explains(f: Finding, truth: FaultTruth) -> bool:
     """Not a false alarm: a consequence of the fault (any kind but data quality), with slack."""
-    if f.kind == FindingKind.DATA_QUALITY and truth.fault.kind not in SENSOR_FAULTS:
+    if not kind_explained(str(f.kind), truth.fault.kind):
         return False
     lo, hi = truth.fault.onset - SLACK_BEFORE_S, truth.fault.end + SLACK_AFTER_S
     when = (f.started_ms / 1000.0, f.raised_ms / 1000.0)
@@ -178,7 +183,7 @@ def same_cause(named: str, expected: str) -> bool:
     return named == expected or (expected == Cause.THERMAL and named == Cause.HBM_THERMAL_THROTTLE)
 
 
-def _is_thermal(cause: str | None) -> bool:
+def is_thermal_cause(cause: str | None) -> bool:
     try:
         return cause is not None and Cause(cause).is_thermal
     except ValueError:
@@ -214,13 +219,14 @@ def _judged(found: Sequence[Finding]) -> Finding:
     return min(found, key=rank)
 
 
-def score_fault(run: RunLike, truth: _Truth) -> FaultOutcome:
+def score_fault(run: RunLike, truth: FaultTruth) -> FaultOutcome:
     fault = truth.fault
     found = [f for f in run.findings if matches(f, truth)]
     out = FaultOutcome(run.scenario, run.seed, fault.id, fault.kind, bool(found))
     out.expected_cause = fault.expected_root_cause
     if fault.kind == "noisy_neighbour":
-        out.blamed_heat = any(f.kind in REGRESSIONS and _is_thermal(f.top_cause) for f in found)
+        heat = [f for f in found if f.kind in REGRESSIONS and is_thermal_cause(f.top_cause)]
+        out.blamed_heat = bool(heat)
     if not found:
         return out
     out.delay_s = max(0.0, min(f.raised_ms for f in found) / 1000.0 - fault.onset)
@@ -335,27 +341,27 @@ class EvalReport:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["passed"] = self.passed
-        return _finite(out)  # type: ignore[no-any-return]
+        return finite(out)  # type: ignore[no-any-return]
 
     def rows(self) -> list[tuple[str, ...]]:
         """The table as text: per fault kind, then the overall lines."""
         rows = [
-            (k.kind, str(k.n), _pct(k.recall), _sec(k.delay_median_s), _sec(k.delay_p95_s),
-             _pct(k.top1), _pct(k.top3), _ok(self.checks.get(f"recall:{k.kind}")))
+            (k.kind, str(k.n), pct(k.recall), sec(k.delay_median_s), sec(k.delay_p95_s),
+             pct(k.top1), pct(k.top3), ok_text(self.checks.get(f"recall:{k.kind}")))
             for k in self.kinds.values()
         ]  # fmt: skip
         fp = "n/a" if self.false_per_1000_gpu_h is None else f"{self.false_per_1000_gpu_h:.2f}"
         return [
             *rows,
-            ("thermal faults", "", "", _sec(self.thermal_delay_median_s),
-             _sec(self.thermal_delay_p95_s), "", "", _ok(self.checks["thermal_median_delay"])),
-            ("all detected faults", "", "", "", "", _pct(self.top1), _pct(self.top3),
-             _ok(self.checks["top1"])),
+            ("thermal faults", "", "", sec(self.thermal_delay_median_s),
+             sec(self.thermal_delay_p95_s), "", "", ok_text(self.checks["thermal_median_delay"])),
+            ("all detected faults", "", "", "", "", pct(self.top1), pct(self.top3),
+             ok_text(self.checks["top1"])),
             (f"false incidents per 1,000 GPU-h ({self.false_incidents} in "
              f"{self.healthy_gpu_hours:.0f} GPU-h)", fp, "", "", "", "", "",
-             _ok(self.checks["false_incidents"])),
-            ("noisy neighbour not blamed on heat", _pct(self.noisy_control), "", "", "", "", "",
-             _ok(self.checks["noisy_control"])),
+             ok_text(self.checks["false_incidents"])),
+            ("noisy neighbour not blamed on heat", pct(self.noisy_control), "", "", "", "", "",
+             ok_text(self.checks["noisy_control"])),
             ("passed", "yes" if self.passed else "NO", "", "", "", "", "", ""),
         ]  # fmt: skip
 
@@ -382,7 +388,7 @@ def score(results: Sequence[RunLike]) -> EvalReport:
     incidents: list[list[str]] = []
     hours = 0.0
     for run in results:
-        truths = [_truth(t) for t in run.truth.get("faults", [])]
+        truths = [fault_truth(t) for t in run.truth.get("faults", [])]
         outcomes += [score_fault(run, t) for t in truths]
         false = [f for f in run.findings if not any(explains(f, t) for t in truths)]
         incidents += [[f.id for f in group] for group in group_incidents(false)]
@@ -404,10 +410,10 @@ def _report(
         rate = float("inf")
     report = EvalReport(
         runs=runs, kinds=kinds, false_incidents=len(incidents), healthy_gpu_hours=hours,
-        false_per_1000_gpu_h=rate, thermal_delay_median_s=_q(thermal, 50),
-        thermal_delay_p95_s=_q(thermal, 95), top1=_mean([bool(o.top1) for o in detected]),
-        top3=_mean([bool(o.top3) for o in detected]),
-        noisy_control=_mean([not o.blamed_heat for o in noisy]), checks={}, faults=outcomes,
+        false_per_1000_gpu_h=rate, thermal_delay_median_s=quantile(thermal, 50),
+        thermal_delay_p95_s=quantile(thermal, 95), top1=mean([bool(o.top1) for o in detected]),
+        top3=mean([bool(o.top3) for o in detected]),
+        noisy_control=mean([not o.blamed_heat for o in noisy]), checks={}, faults=outcomes,
         incidents=incidents,
     )  # fmt: skip
     report.checks = _checks(report)
@@ -419,8 +425,8 @@ def _kind_stats(kind: str, outs: list[FaultOutcome]) -> KindStats:
     found = [o for o in outs if o.detected]
     return KindStats(
         kind=kind, n=len(outs), detected=len(found), recall=len(found) / len(outs),
-        delay_median_s=_q(delays, 50), delay_p95_s=_q(delays, 95),
-        top1=_mean([bool(o.top1) for o in found]), top3=_mean([bool(o.top3) for o in found]),
+        delay_median_s=quantile(delays, 50), delay_p95_s=quantile(delays, 95),
+        top1=mean([bool(o.top1) for o in found]), top3=mean([bool(o.top3) for o in found]),
     )  # fmt: skip
 
 
@@ -446,32 +452,32 @@ def _at_most(value: float | None, limit: float) -> bool | None:
     return None if value is None else value <= limit
 
 
-def _q(values: Sequence[float], pct: float) -> float | None:
+def quantile(values: Sequence[float], pct: float) -> float | None:
     return float(np.percentile(values, pct)) if len(values) else None
 
 
-def _mean(values: Sequence[bool]) -> float | None:
+def mean(values: Sequence[bool]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _pct(value: float | None) -> str:
+def pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.0f}%"
 
 
-def _sec(value: float | None) -> str:
+def sec(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f} s"
 
 
-def _ok(value: bool | None) -> str:
+def ok_text(value: bool | None) -> str:
     return "n/a" if value is None else "pass" if value else "FAIL"
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
     """JSON has no infinity or NaN: they travel as None."""
     if isinstance(value, float):
         return value if np.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value
