@@ -264,7 +264,9 @@ def _lines(series: Sequence[ChartedSeries]) -> list[svgchart.Line]:
     return out
 
 
-def _panel(title: str, unit: str, series: Sequence[ChartedSeries], empty: str) -> svgchart.Panel:
+def unit_panel(
+    title: str, unit: str, series: Sequence[ChartedSeries], empty: str
+) -> svgchart.Panel:
     """One unit's panel: a ratio panel reads against 1x, on a log axis when it spans a lot."""
     lines = _lines(series)
     if unit != "times":
@@ -277,7 +279,7 @@ def _panel(title: str, unit: str, series: Sequence[ChartedSeries], empty: str) -
 
 def chart_panels(view: IncidentView) -> list[svgchart.Panel]:
     """p99 as times its baseline on top; below, one panel per unit of the causes' series."""
-    panels = [_panel(f"p99 latency of the affected workloads, times its baseline "
+    panels = [unit_panel(f"p99 latency of the affected workloads, times its baseline "
                      f"({view.baseline_text})", "times", view.p99,
                      "no p99 series for this incident's workloads")]  # fmt: skip
     units = list(dict.fromkeys(s.chart_unit for s in view.cause_series))
@@ -285,7 +287,7 @@ def chart_panels(view: IncidentView) -> list[svgchart.Panel]:
         members = [s for s in view.cause_series if s.chart_unit == unit]
         words = UNIT_WORDS.get(unit, unit)
         title = f"{view.cause_panel_title}" + (f": {words}" if words else "")
-        panels.append(_panel(title, unit, members, "no data in this window"))
+        panels.append(unit_panel(title, unit, members, "no data in this window"))
     if not units:
         panels.append(svgchart.Panel(view.cause_panel_title, "", [],
                                      empty_text="no evidence series to chart"))  # fmt: skip
