@@ -173,3 +173,42 @@ def _where(alert: Alert | None) -> str:
 def _unique(items: Iterable[str]) -> list[str]:
     """Each once, in the order first seen."""
     return list(dict.fromkeys(items))
+
+
+@dataclass(frozen=True)
+class AlertGroup:
+    """Resolved alerts of one name, shown as one row of the alerts table."""
+
+    name: str
+    alerts: tuple[Alert, ...]
+
+    @property
+    def where(self) -> str:
+        places = _unique(w for w in (_where(a) for a in self.alerts) if w)
+        more = f" +{len(places) - NAMED} more" if len(places) > NAMED else ""
+        return ", ".join(places[:NAMED]) + more
+
+    @property
+    def first_ms(self) -> int:
+        return min(a.started_ms for a in self.alerts)
+
+    @property
+    def last_ms(self) -> int:
+        return max(a.resolved_ms or a.updated_ms for a in self.alerts)
+
+
+def alert_rows(alerts: Sequence[Alert]) -> tuple[Alert | AlertGroup, ...]:
+    """The alerts table: live alerts first, as they joined; then the resolved ones, those of
+    a name that came and went ``FOLD_ALERTS`` times or more as one group."""
+    live = [a for a in alerts if a.resolved_ms is None]
+    done: dict[str, list[Alert]] = {}
+    for a in alerts:
+        if a.resolved_ms is not None:
+            done.setdefault(a.labels.get("alertname", ""), []).append(a)
+    rows: list[Alert | AlertGroup] = list(live)
+    for name, members in done.items():
+        if len(members) >= FOLD_ALERTS:
+            rows.append(AlertGroup(name, tuple(members)))
+        else:
+            rows.extend(members)
+    return tuple(rows)

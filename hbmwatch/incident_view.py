@@ -29,7 +29,7 @@ from hbmwatch.incident_series import (
     chart_step,
     read_series,
 )
-from hbmwatch.incident_timeline import TimelineRow, timeline_rows
+from hbmwatch.incident_timeline import AlertGroup, TimelineRow, alert_rows, timeline_rows
 from hbmwatch.incident_words import (
     CauseView,
     Entity,
@@ -83,6 +83,7 @@ class IncidentView:
     other_causes: tuple[CauseView, ...]  # ranked below them: named only
     evidence: tuple[EvidenceLine, ...]
     timeline: tuple[TimelineRow, ...]
+    alert_rows: tuple[Alert | AlertGroup, ...]  # the alerts table, resolved repeats grouped
     entities: tuple[Entity, ...]
     notes: tuple[str, ...]
     detail_url: str
@@ -128,6 +129,7 @@ def build_incident_view(
         causes=causes[:TOP_CAUSES], other_causes=causes[TOP_CAUSES:],
         evidence=tuple(evidence_line(e) for e in inc.evidence),
         timeline=timeline_rows(inc.timeline, alerts, resolved=not inc.open),
+        alert_rows=alert_rows(alerts),
         entities=entities_of(alerts), notes=tuple(notes),
         detail_url=f"/api/v1/incidents/{quote(inc.id, safe='')}",
         acknowledge_url=f"/api/v1/incidents/{quote(inc.id, safe='')}/acknowledge",

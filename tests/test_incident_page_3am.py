@@ -227,6 +227,9 @@ def test_the_page_timeline_is_folded_and_ordered(page_html: str) -> None:
     assert len(rows) == 7
     assert f"{CHURN} GPUThrottling alerts came and went" in page_html
     assert "unconfirmed: no evidence recorded" in page_html
+    alerts = page_html.split('id="alerts"')[1]
+    assert alerts.count("<tr data-alert=") == 3  # the live ones, then the churn as one row
+    assert f'data-alert-group="GPUThrottling" data-count="{CHURN}"' in alerts
 
 
 def test_the_chart_svg_is_well_formed_with_a_baseline_line(store: Store) -> None:

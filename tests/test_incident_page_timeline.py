@@ -3,9 +3,16 @@ whatever order or shape the stored timeline has."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
-from hbmwatch.incident_timeline import FOLD_ALERTS, order_events, timeline_rows
+from hbmwatch.incident_timeline import (
+    FOLD_ALERTS,
+    AlertGroup,
+    alert_rows,
+    order_events,
+    timeline_rows,
+)
 from hbmwatch.records import Alert, AlertState, IncidentEvent, Severity
 
 T = 1_800_000_000_000
@@ -91,3 +98,15 @@ def test_an_already_folded_or_unknown_event_passes_through() -> None:
     rows = timeline_rows(events)
     assert [(r.kind, r.text) for r in rows] == [(e.kind, e.text) for e in events]
     assert timeline_rows([]) == ()
+
+
+def test_the_alerts_table_keeps_live_alerts_and_groups_resolved_repeats() -> None:
+    done = [dataclasses.replace(throttle_alert(i), resolved_ms=T + 60_000 * i) for i in range(5)]
+    live = dataclasses.replace(throttle_alert(9), state=AlertState.FIRING)
+    other = dataclasses.replace(done[0], id="x", labels={"alertname": "GPUPCIeErrors"})
+    rows = alert_rows([done[0], live, *done[1:], other])
+    assert rows[0] is live and rows[-1] is other  # too few of its name to group
+    group = rows[1]
+    assert isinstance(group, AlertGroup) and len(group.alerts) == 5
+    assert group.where == "n0 gpu 0, n1 gpu 0, n2 gpu 0, n3 gpu 0 +1 more"
+    assert (group.first_ms, group.last_ms) == (T, T + 240_000)
