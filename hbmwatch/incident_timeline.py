@@ -128,7 +128,7 @@ def _fold_alerts(
     text = f"{len(added)} {name} alerts came and went" + (f" ({named})" if named else "")
     text += f"; {firing} still firing" if firing else ""
     first, last = _span(events)
-    return TimelineRow(first, "alerts folded", text, until_ms=last, count=len(events))
+    return TimelineRow(first, "alerts_folded", text, until_ms=last, count=len(events))
 
 
 def _fold_lifecycle(

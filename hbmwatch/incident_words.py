@@ -91,14 +91,17 @@ def cause_view(c: RankedCause) -> CauseView:
 def cause_entity(c: RankedCause) -> str:
     """What a cause blames, read from its evidence: ``host n1 gpu 0``, ``rack r0``.
 
-    A place its evidence names in words (a rack's cooling is the rack's), else the labels
-    every evidence selector shares.
+    The cause's own ``entity`` where the ranker gives one; else a place its evidence names
+    in words (a rack's cooling is the rack's), else the labels its evidence series share.
 
     >>> cause_entity(RankedCause("thermal", 0.8, (Evidence('t{host="n1",gpu="0"}', "s", 1),)))
     'host n1 gpu 0'
     >>> cause_entity(RankedCause("cooling", 0.8, (Evidence("GPUs of rack r0", "f", 0.9),)))
     'rack r0'
     """
+    named = dict(getattr(c, "entity", None) or {})  # the ranker's own word, where it gives one
+    if named:
+        return _blame(named)
     for e in c.evidence:  # a place named in words is the cause's own scope ("rack r0")
         m = _PLACE_IN_TEXT.search(e.series)
         if m:
@@ -111,11 +114,17 @@ def cause_entity(c: RankedCause) -> str:
         common = labels if common is None else {
             k: v for k, v in common.items() if labels.get(k) == v
         }  # fmt: skip
-    if common:
-        if common.get("host"):
-            common.pop("rack", None)
-        return " ".join(f"{k} {common[k]}" for k in BLAME_LABELS if common.get(k))
-    return ""
+    return _blame(common or {})
+
+
+def _blame(labels: dict[str, str]) -> str:
+    """``host n1 gpu 0`` (a host needs no rack), ``rack r0``, ``cluster c0``."""
+    if labels.get("host"):
+        labels = {k: v for k, v in labels.items() if k != "rack"}
+    words = " ".join(f"{k} {labels[k]}" for k in BLAME_LABELS if labels.get(k))
+    if not words and labels.get("cluster"):
+        return f"cluster {labels['cluster']}"
+    return words
 
 
 def _labels_of(text: str) -> dict[str, str] | None:

@@ -156,7 +156,7 @@ def test_the_timeline_is_in_time_order_and_folds_the_churn(store: Store) -> None
     assert view is not None
     rows = view.timeline
     assert [r.at_ms for r in rows] == sorted(r.at_ms for r in rows)
-    folded = [r for r in rows if r.kind == "alerts folded"]
+    folded = [r for r in rows if r.kind == "alerts_folded"]
     assert [r.text for r in folded] == [
         f"{CHURN} GPUThrottling alerts came and went "
         "(n3 gpu 0, n4 gpu 1, n5 gpu 0, n6 gpu 1 +2 more)"
@@ -314,3 +314,14 @@ def test_the_busy_incident_reads_at_3am_in_chromium(served_busy: str, tmp_path: 
             page.screenshot(path=str(out / "incident-page-3am.png"), full_page=True)
         finally:
             browser.close()
+
+
+@pytest.mark.skipif("entity" not in RankedCause.__dataclass_fields__,
+                    reason="RankedCause has no entity here")  # fmt: skip
+def test_a_cause_is_shown_on_the_entity_its_ranker_names() -> None:
+    from hbmwatch.incident_words import cause_view
+
+    evidence = (Evidence(f"rise of {TEMP.text}", "max change", 30.0, 5.0),)
+    rack = RankedCause(Cause.COOLING, 0.8, evidence, "", entity=RACK)  # type: ignore[call-arg]
+    room = RankedCause(Cause.AMBIENT, 0.7, evidence, "", entity={"cluster": "c0"})  # type: ignore[call-arg]
+    assert [cause_view(c).entity for c in (rack, room)] == ["rack r0", "cluster c0"]

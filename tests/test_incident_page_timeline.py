@@ -55,7 +55,7 @@ def test_at_one_instant_opened_comes_first_then_the_logged_order() -> None:
 def test_alerts_that_came_and_went_fold_into_one_row_naming_where() -> None:
     alerts = [throttle_alert(i) for i in range(12)]
     rows = timeline_rows([ev(0, "opened"), *churn(12)], alerts)
-    assert [r.kind for r in rows] == ["opened", "alerts folded"]
+    assert [r.kind for r in rows] == ["opened", "alerts_folded"]
     row = rows[1]
     assert row.text == ("12 GPUThrottling alerts came and went "
                         "(n0 gpu 0, n1 gpu 0, n2 gpu 0, n3 gpu 0 +8 more)")  # fmt: skip
