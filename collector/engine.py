@@ -6,7 +6,8 @@ parse, translate into canonical samples, and hand them to a batching sink that w
 the store from a thread (spooling while the store is down).  Alongside its samples every
 scrape writes the target's own health: ``hbmwatch_target_up``, the scrape's duration, its
 sample count and what it dropped by reason.  A target that stops answering gets ``up 0``
-and nothing else: its series go stale, they are never flat-lined.
+and nothing else: its series go stale, they are never flat-lined.  One that has never
+answered is "not yet up" in its state (it still writes ``up 0``: the detectors decide).
 
 Samples are stamped with the scheduled tick when the scrape starts within 50 ms of it
 (Prometheus' timestamp tolerance), which makes time series regular and compress well.
@@ -181,18 +182,26 @@ class ScrapeEngine:
     def _record(
         self, state: TargetState, collected: Collected | None, error: str, reason: str
     ) -> None:
-        """Count the scrape; log a target going up or down, or down for a new reason."""
+        """Count the scrape; log a target going up or down, or down for a new reason.
+
+        A target that has never answered stays "not yet up" (``up`` None), not down: a fleet
+        still starting is no outage, and the detectors give it a grace before paging.
+        """
         target, up = state.target, collected is not None
         state.scrapes += 1
         if state.scrapes % self.cache_reset_scrapes == 0:
             self._reset_cache(state)
+        new_reason = state.scrapes == 1 or reason != state.reason
         if up and state.up is not True:
             logger.info("target up", target=target.url, kind=target.kind)
-        elif not up and (state.up is not False or reason != state.reason):
+        elif not up and state.up is None and new_reason:
+            logger.warning("target not yet up", target=target.url, reason=reason, error=error)
+        elif not up and state.up is not None and (state.up or new_reason):
             logger.warning("target down", target=target.url, reason=reason, error=error)
         if not up:
             self.failures.labels(reason).inc()
-        state.up, state.last_error, state.reason = up, error, reason
+        state.up = True if up else (None if state.up is None else False)
+        state.last_error, state.reason = error, reason
         if collected:
             state.dropped.update(collected.dropped)
 

@@ -77,8 +77,10 @@ class DataQuality:
     * ``gap``: signals the GPU reported before have been missing for ``gap_s`` while the
       GPU's other signals still arrive; one finding per GPU, evidence per missing signal (a
       dropped memory sensor takes its HBM stacks with it).  Cause ``sensor``.
-    * ``target_down``: a scrape target's ``up`` was 0 on ``min_down_scrapes`` scrapes in a row.
-      Cause ``target_down``.
+    * ``target_down``: a scrape target's ``up`` was 0 on ``min_down_scrapes`` scrapes in a row,
+      after it had answered once.  A target that has never answered is "not yet up" (a fleet
+      still starting, an exporter still loading), not down, until ``first_up_grace_s`` after
+      its first scrape; past that it is down since that first scrape.  Cause ``target_down``.
     * ``counter_resets``: more than ``max_reset_bursts`` cycles with counter resets on a GPU
       within ``reset_window_s`` (one exporter restart resets every counter at once, so a cycle
       counts once).  Cause ``sensor``.
@@ -114,6 +116,7 @@ class DataQuality:
         bw_move: float = 0.1,
         gap_s: float = 15.0,
         min_down_scrapes: int = 2,
+        first_up_grace_s: float = 60.0,
         reset_window_s: float = 600.0,
         max_reset_bursts: int = 3,
         sentinel_min_scrapes: int = 3,
@@ -125,6 +128,7 @@ class DataQuality:
         self.bw_move = bw_move
         self.gap_s = gap_s
         self.min_down_scrapes = min_down_scrapes
+        self.first_up_grace_s = first_up_grace_s
         self.reset_window_s = reset_window_s
         self.max_reset_bursts = max_reset_bursts
         self.sentinel_min_scrapes = sentinel_min_scrapes
@@ -141,7 +145,8 @@ class DataQuality:
         self.gpus_ = EntityTable({"power_scale_": np.nan})
         self.targets_ = EntityTable(
             {"down_run_": 0.0, "down_since_ms_": np.nan, "drops_": 0.0, "dropped_": 0.0,
-             "drop_since_ms_": np.nan, "last_drop_ms_": np.nan}
+             "drop_since_ms_": np.nan, "last_drop_ms_": np.nan, "first_ms_": np.nan,
+             "ever_up_": 0.0}
         )  # fmt: skip
         #: GPU key -> [[cycle end ms, counter resets in that cycle], ...] within the window.
         self.resets_: dict[str, list[list[int]]] = {}
@@ -152,6 +157,8 @@ class DataQuality:
     def _check(self) -> None:
         if min(self.stuck_s, self.gap_s, self.reset_window_s, self.sentinel_quiet_s) <= 0:
             raise ValueError("durations must be positive")
+        if self.first_up_grace_s < 0:
+            raise ValueError("first_up_grace_s must not be negative")
         if self.min_down_scrapes < 1 or self.sentinel_min_scrapes < 1:
             raise ValueError("scrape counts must be at least 1")
 
@@ -265,7 +272,11 @@ class DataQuality:
             first, t_ms, np.where(known & ~down, np.nan, s["down_since_ms_"])
         )
         s["down_run_"] = run
-        down_score = np.where(known, run / self.min_down_scrapes, np.nan)
+        # Not yet up: never answered and still within its grace; no data as far as the gate goes.
+        s["first_ms_"] = np.where(known & np.isnan(s["first_ms_"]), t_ms, s["first_ms_"])
+        s["ever_up_"] = np.where(known & ~down, 1.0, s["ever_up_"])
+        waiting = (s["ever_up_"] == 0) & (t_ms - s["first_ms_"] < self.first_up_grace_s * 1000)
+        down_score = np.where(known & ~waiting, run / self.min_down_scrapes, np.nan)
         # Sentinels: an episode is a run of scrapes with drops, each within the quiet time.
         dropped = ~np.isnan(sentinel) & (sentinel > 0)
         last = s["last_drop_ms_"]

@@ -202,6 +202,27 @@ def test_a_target_down_is_not_a_gap_but_target_down() -> None:
     assert found[-1].ended_ms == 150_000
 
 
+def test_a_target_not_yet_up_is_not_down_within_its_grace() -> None:
+    """Start-up: exporters that answer only after 40 s are "not yet up", never a page."""
+    n = 200
+    up = np.zeros((3, n))
+    up[0, 40:] = 1.0  # answers after 40 s
+    up[1, 59:] = 1.0  # just inside the 60 s grace
+    up[2, 5:] = 1.0
+    up[2, 120:150] = 0.0  # was up, then stopped answering: still a page, as before
+    found = run(DataQuality(), chunks(n, tgt={"up": up}))
+    assert {f.entity["target"] for f in found} == {"h2:5000"}
+    assert found[0].started_ms == 120_000 and found[0].raised_ms == 121_000
+
+
+def test_a_target_that_never_answers_is_down_after_the_grace_since_its_first_scrape() -> None:
+    n = 200
+    found = run(DataQuality(first_up_grace_s=90), chunks(n, tgt={"up": np.zeros(n)}))
+    assert {f.entity["check"] for f in found} == {"target_down"}
+    assert found[0].started_ms == 0 and found[0].raised_ms == 90_000
+    assert found[-1].ended_ms is None  # still down
+
+
 # -- counter resets --------------------------------------------------------------------------
 def reset_frames(cycles_with_resets: list[int], n_cycles: int = 40) -> list[Frame]:
     frames = []
@@ -277,7 +298,7 @@ def test_state_survives_json_round_trip() -> None:
 
 def test_params_stored_as_given_and_checked() -> None:
     det = DataQuality(stuck_s=60, gap_s=0)
-    assert (det.stuck_s, det.gap_s, det.min_down_scrapes) == (60, 0, 2)
+    assert (det.stuck_s, det.gap_s, det.min_down_scrapes, det.first_up_grace_s) == (60, 0, 2, 60)
     try:
         det.update(make_frame(0, 1, 1, power=np.ones(1)))
     except ValueError:
