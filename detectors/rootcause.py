@@ -6,13 +6,20 @@ each candidate cause is measured over two windows: a baseline before the regress
 the span from shortly before its start to now.  A candidate's strength is its change
 between the windows against a reference size (``REFS``), weighed by
 
-* **temporal precedence**: a cause starts before, or with, the regression, not after it;
+* **temporal precedence**: a cause starts before, or with, the regression, not after it:
+  one that started more than ``lead_s`` after the regression is weighed down and never
+  ranked first (a GEMM's power cap 60 s after a copy slowed the requests did not cause it);
 * **lagged correlation**: the candidate leading the workload's latency excess by 0-30 s.
 
+Every cause names its entity (the GPU, rack or cluster it is about) and carries the
+evidence series with its window, lag and strength; a cause without evidence (``none``)
+is never shown as confident.
+
 Thermal candidates (the load-adjusted temperature rise, thermal and HBM-thermal throttle
-residency) collapse into one, named from the thermal findings open on the GPU or its rack
-(``cooling`` for a rack that warms alone, ``ambient`` for a room, ``thermal`` for one GPU),
-because a throttle is how heat reaches latency, not a cause of its own.  A rise without
+residency) collapse into one, because a throttle is how heat reaches latency, not a cause
+of its own.  It is named from the evidence first (``detectors/heatscope.py``: ``cooling``
+when most of the GPU's rack rose with it, ``ambient`` when several racks did), then from
+the thermal findings open on the rack or the GPU (``thermal`` for one GPU).  A rise without
 any throttling counts for little: memory at 54 C is far from every limit and slows
 nothing.  When the thermal candidate is weak the ranking says so ("no thermal cause"):
 DOMAIN.md's H200 trace shows memory warming under a co-tenant's copy while the copy, not
@@ -29,6 +36,7 @@ import numpy as np
 
 from detectors.base import quiet_nan
 from detectors.frame import Frame
+from detectors.heatscope import heat_scope
 from hbmwatch.records import Evidence, Finding, RankedCause, cause_from_dict
 from hbmwatch.taxonomy import Cause, FindingKind
 
@@ -61,6 +69,32 @@ WEIGHT = {Cause.CLOCK_DROP: 0.5, Cause.MEMORY_BANDWIDTH: 0.7}
 SAME_GPU_ONLY = (Cause.CO_TENANT, Cause.MEMORY_BANDWIDTH)
 #: Heat slows work only through throttling: a rise with no throttle is weak evidence.
 MECHANISM_FREE = {"thermal_rise": 0.3}
+#: A cause that started after the regression explains it poorly: weighed down, never first.
+LATE = 0.25
+#: A cause with no evidence series (``none``) is not shown above this confidence.
+UNSUPPORTED_MAX = 0.3
+PLACE_LABELS = ("cluster", "rack", "host", "gpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """One candidate signal on its worst GPU: strength (0..1), evidence, where, how late."""
+
+    strength: float
+    evidence: Evidence | None = None
+    key: str = ""
+    late: bool = False
+
+
+@dataclasses.dataclass
+class Scored:
+    """One candidate cause: its strength and the signals that gave it."""
+
+    strength: float
+    cause: Cause
+    evidence: list[Evidence]
+    key: str
+    late: bool
 
 
 class RootCause:
@@ -81,8 +115,10 @@ class RootCause:
         rank_for_s: float = 300.0,
         min_strength: float = 0.25,
         max_lag_s: float = 30.0,
+        lead_s: float = 30.0,
     ) -> None:
         self.baseline_s = baseline_s
+        self.lead_s = lead_s
         self.guard_s = guard_s
         self.rank_for_s = rank_for_s
         self.min_strength = min_strength
@@ -123,20 +159,27 @@ class RootCause:
         wkey = f"{reg.entity.get('service', '')}/{reg.entity.get('phase', '')}"
         _, lat = ctx.window("wl", [wkey], "lat_excess", lo, now)
         lat = lat[0] if len(lat) else np.array([])
-        scored: list[tuple[float, Cause, list[Evidence]]] = []
+        scored: list[Scored] = []
         strengths: dict[str, float] = {}
         for cause, names in CANDIDATES.items():
             keys = gpus[:1] if cause in SAME_GPU_ONLY and reg.entity.get("gpu") else gpus
-            best, evidence = 0.0, []
+            got = Scored(0.0, cause, [], keys[0], False)
+            top = Measured(0.0)
             for name in names:
-                s, ev = self._measure(frame, keys, name, (lo, cut, start, now), lat)
-                if ev is not None:
-                    evidence.append(ev)
-                strengths[name] = s
-                best = max(best, s * MECHANISM_FREE.get(name, 1.0))
-            scored.append((best * WEIGHT.get(cause, 1.0), cause, evidence))
-        scored.sort(key=lambda c: -c[0])
-        return self._causes(scored, reg, thermal, strengths.get("thr_hbm", 0.0))
+                m = self._measure(frame, keys, name, (lo, cut, start, now), lat)
+                if m.evidence is not None:
+                    got.evidence.append(m.evidence)
+                strengths[name] = m.strength
+                s = m.strength * MECHANISM_FREE.get(name, 1.0)
+                if s > got.strength:
+                    got.strength, top = s, m
+            got.key, got.late = top.key or keys[0], top.late
+            got.strength *= WEIGHT.get(cause, 1.0) * (LATE if got.late else 1.0)
+            scored.append(got)
+        # What started before the regression first, then by strength.
+        scored.sort(key=lambda c: (c.late, -c.strength))
+        span = (lo, cut, start, now)
+        return self._causes(frame, scored, reg, thermal, strengths.get("thr_hbm", 0.0), span)
 
     def _measure(
         self,
@@ -145,23 +188,23 @@ class RootCause:
         name: str,
         span: tuple[int, int, int, int],
         lat: np.ndarray,
-    ) -> tuple[float, Evidence | None]:
+    ) -> Measured:
         """One candidate signal's strength on its worst GPU, and the evidence for it."""
         lo, cut, start, now = span
         signal, stat, ref = REFS[name]
         times, values = frame.context.window("gpu", keys, signal, lo, now)
         if values.size == 0 or np.isnan(values).all():
-            return 0.0, None
+            return Measured(0.0)
         base, inc = values[:, times < cut], values[:, times >= cut]
         change = _change(stat, base, inc)  # per GPU
         if np.isnan(change).all():
-            return 0.0, None
+            return Measured(0.0)
         row = int(np.nanargmax(change))
         strength = float(np.clip(change[row] / ref, 0.0, 1.0))
         onset = _onset(times, values[row], base[row], ref, stat)
         corr, lag = _lagged_corr(values[row], lat, int(self.max_lag_s * 1000 // _res(times)))
-        late = onset is not None and onset > start + self.guard_s * 1000
-        strength *= (0.5 if late else 1.0) * (0.6 + 0.4 * max(corr, 0.0))
+        late = strength > 0 and onset is not None and onset > start + self.lead_s * 1000
+        strength *= 0.6 + 0.4 * max(corr, 0.0)
         ev = Evidence(
             series=_series(frame, keys[row], signal),
             statistic=f"{stat} change vs the {self.baseline_s:.0f} s before",
@@ -171,33 +214,43 @@ class RootCause:
             window_end_ms=now,
             lag_seconds=lag * _res(times) / 1000.0,
             strength=round(corr, 3),
-            note="started after the regression" if late else "",
+            note=_when(onset, start),
         )
-        return strength, ev
+        return Measured(strength, ev, keys[row], late)
 
     def _causes(
-        self, scored: list[tuple[float, Cause, list[Evidence]]], reg: Finding,
-        thermal: Sequence[Finding], hbm_throttle: float,
+        self, frame: Frame, scored: list[Scored], reg: Finding, thermal: Sequence[Finding],
+        hbm_throttle: float, span: tuple[int, int, int, int],
     ) -> list[RankedCause]:  # fmt: skip
-        total = sum(s for s, _, _ in scored) or 1.0
+        total = sum(c.strength for c in scored) or 1.0
+        labels = frame.context.gpu_labels
         out = []
-        thermal_strength = next(s for s, c, _ in scored if c is Cause.THERMAL)
-        for s, cause, evidence in scored:
-            if s < 0.05:
+        for c in scored:
+            if c.strength < 0.05:
                 continue
-            name, note = cause, ""
-            if cause is Cause.THERMAL:
-                name, note = _thermal_label(reg, thermal, hbm_throttle)
-            out.append(RankedCause(name, round(s / max(total, 1.0), 3), tuple(evidence), note))
-        if not out or scored[0][0] < self.min_strength:
-            best = scored[0][0] if scored else 0.0
-            out.insert(0, RankedCause(Cause.NONE, round(1.0 - best, 3), (),
-                                      "no cause found on the same GPU, node or rack"))  # fmt: skip
+            name, entity, note = c.cause, _place(labels.get(c.key, reg.entity)), ""
+            evidence = list(c.evidence)
+            if c.cause is Cause.THERMAL:
+                scope = heat_scope(frame.context, c.key, span)
+                if scope is not None:
+                    name, entity, note = scope.cause, scope.entity, scope.summary
+                    evidence.insert(0, scope.evidence)
+                else:
+                    name, note = _thermal_label(reg, thermal, hbm_throttle)
+            conf = round(c.strength / max(total, 1.0), 3)
+            summary = note or _summary(entity, evidence)
+            if c.late:
+                summary += "; it started after the regression"
+            out.append(RankedCause(name, conf, tuple(evidence), summary, entity))
+        best = next((c.strength for c in scored if not c.late), 0.0)
+        if not out or best < self.min_strength or scored[0].late:
+            out.insert(0, _no_cause(reg, best))
+        thermal_strength = next(c.strength for c in scored if c.cause is Cause.THERMAL)
         if thermal_strength < self.min_strength:
             top = out[0]
             note = f"{top.summary}; " if top.summary else ""
             out[0] = dataclasses.replace(top, summary=note + "no thermal cause")
-        return out[:5]
+        return [_capped(c) for c in out[:5]]
 
     def state_dict(self) -> dict[str, Any]:
         return {"ranked": self.ranked_}
@@ -294,3 +347,62 @@ def _thermal_label(
     if hbm_throttle >= 0.5:
         return Cause.HBM_THERMAL_THROTTLE, "HBM thermal throttling on this GPU"
     return Cause.THERMAL, ""
+
+
+def _place(labels: Mapping[str, str]) -> dict[str, str]:
+    """Where a cause is: the canonical placement labels (cluster, rack, host, gpu)."""
+    return {k: str(labels[k]) for k in PLACE_LABELS if labels.get(k) not in (None, "")}
+
+
+def _where(entity: Mapping[str, str]) -> str:
+    if "gpu" in entity:
+        return f"{entity.get('host', '?')} GPU {entity['gpu']}"
+    if "host" in entity:
+        return str(entity["host"])
+    if "rack" in entity:
+        return f"rack {entity['rack']}"
+    return f"cluster {entity.get('cluster', '?')}"
+
+
+def _when(onset: int | None, start: int) -> str:
+    if onset is None:
+        return ""
+    lead = (start - onset) / 1000.0
+    return f"started {lead:.0f} s before the regression" if lead >= 0 else (
+        f"started {-lead:.0f} s after the regression"
+    )  # fmt: skip
+
+
+def _summary(entity: Mapping[str, str], evidence: Sequence[Evidence]) -> str:
+    """One line naming where the cause is and its strongest evidence."""
+    if not evidence:
+        return f"{_where(entity)}: no series evidence recorded"
+    ev = max(evidence, key=lambda e: abs(e.value) / (e.threshold or 1.0))
+    signal = ev.series.split("{", 1)[0]
+    lead = f", {ev.note}" if ev.note else ""
+    corr = f", leads latency by {ev.lag_seconds:.0f} s (r {ev.strength:.2f})" if ev.strength else ""
+    return f"{_where(entity)}: {signal} {ev.value:+.3g} (ref {ev.threshold:g}){lead}{corr}"
+
+
+def _no_cause(reg: Finding, best: float) -> RankedCause:
+    return RankedCause(
+        Cause.NONE,
+        round(1.0 - best, 3),
+        (),
+        "no cause found on the same GPU, node or rack before the regression",
+        _place(reg.entity),
+    )
+
+
+def _capped(c: RankedCause) -> RankedCause:
+    """A cause with no evidence series is not shown as confident, and says why."""
+    if c.evidence or c.confidence <= UNSUPPORTED_MAX:
+        return c
+    note = "no series evidence, so confidence is capped"
+    summary = f"{c.summary}; {note}" if c.summary else note
+    return dataclasses.replace(c, confidence=UNSUPPORTED_MAX, summary=summary)
+
+
+def cap_unevidenced(causes: Sequence[RankedCause]) -> list[RankedCause]:
+    """For whoever merges causes (an incident): cap those with no evidence the same way."""
+    return [_capped(c) for c in causes]

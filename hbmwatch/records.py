@@ -172,12 +172,17 @@ class Evidence:
 
 @dataclass(frozen=True, slots=True)
 class RankedCause:
-    """A candidate root cause with the detector's confidence (0..1) and its evidence."""
+    """A candidate root cause with the detector's confidence (0..1) and its evidence.
+
+    ``entity`` names where the cause is (a GPU's, a rack's or a cluster's canonical labels),
+    which need not be the finding's own entity: a regression's cause is a GPU or a rack.
+    """
 
     cause: str
     confidence: float
     evidence: tuple[Evidence, ...] = ()
     summary: str = ""
+    entity: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +224,9 @@ def finding_to_dict(finding: Finding) -> dict[str, Any]:
 
 def cause_from_dict(c: Mapping[str, Any]) -> RankedCause:
     evidence = tuple(Evidence(**e) for e in c.get("evidence", ()))
-    return RankedCause(c["cause"], c["confidence"], evidence, c.get("summary", ""))
+    return RankedCause(
+        c["cause"], c["confidence"], evidence, c.get("summary", ""), dict(c.get("entity", {}))
+    )
 
 
 def finding_from_dict(d: dict[str, Any]) -> Finding:
