@@ -18,8 +18,8 @@ from hbmwatch.evaluation import EVAL_START
 
 SCENARIO = """
 name = "short_target_down"
-description = "One 8-GPU node whose exporter stops answering for two minutes"
-duration = "5m"
+description = "One 8-GPU node whose exporter stops answering for a minute"
+duration = "3m"
 seed = 3
 [[racks]]
 name = "r0"
@@ -29,8 +29,8 @@ sku = "H200"
 [[faults]]
 kind = "target_down"
 target = { host = "r0-node0" }
-onset = "2m"
-end = "4m"
+onset = "1m"
+end = "2m"
 """
 
 
@@ -39,7 +39,7 @@ def test_short_eval_reports_consistent_incident_table(tmp_path: Path) -> None:
     scenario = tmp_path / "short.toml"
     scenario.write_text(SCENARIO)
     out = tmp_path / "eval.json"
-    args = ["eval", str(scenario), "--duration", "300", "--start-hour", "14.5", "--json", str(out)]
+    args = ["eval", str(scenario), "--duration", "180", "--start-hour", "14.5", "--json", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code in (0, 1), result.output  # 1: a target missed, not a crash
     assert "incident evaluation" in result.output
@@ -54,11 +54,11 @@ def test_short_eval_reports_consistent_incident_table(tmp_path: Path) -> None:
     assert table["by_kind"]["target_down"]["n"] == 1
     # The exporter's outage is paged, within the fault, as one incident of its own.
     assert fault["incidents"] and fault["judged"] in fault["incidents"]
-    assert fault["page_delay_s"] is not None and 0 <= fault["page_delay_s"] <= 120
+    assert fault["page_delay_s"] is not None and 0 <= fault["page_delay_s"] <= 60
     assert row["paged"] == 1.0 and row["one_incident"] == float(fault["one_incident"])
     assert 0 <= table["unexplained_pages"] <= table["pages"]
     assert 1 <= len(fault["incidents"]) <= table["incidents"]
     assert 0 <= table["unexplained_incidents"] <= table["incidents"] - 1
-    hours = 8 * 300 / 3600 - 8 * 120 / 3600
+    hours = 8 * 180 / 3600 - 8 * 60 / 3600
     assert table["healthy_gpu_hours"] == pytest.approx(hours)
     assert table["passed"] == all(v is not False for v in table["checks"].values())
