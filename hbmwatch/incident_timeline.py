@@ -116,7 +116,9 @@ def _span(events: Sequence[IncidentEvent]) -> tuple[int, int | None]:
 def _fold_alerts(
     name: str, events: Sequence[IncidentEvent], by_id: Mapping[str, Alert]
 ) -> TimelineRow | None:
-    """``12 GPUThrottling alerts came and went (n1 gpu 0, n1 gpu 3 +4 more); 2 still firing``."""
+    """``12 GPUThrottling alerts came and went (n1 gpu 0, n1 gpu 3 +4 more)``, or
+    ``... fired (...): 10 came and went, 2 still firing``, or ``... fired (...), all still
+    firing``."""
     added = _unique(e.alert or f"#{i}" for i, e in enumerate(events) if e.kind == "alert_added")
     gone = {e.alert for e in events if e.kind == "alert_resolved" and e.alert}
     if len(added) < FOLD_ALERTS:
@@ -125,8 +127,14 @@ def _fold_alerts(
     more = f" +{len(where) - NAMED} more" if len(where) > NAMED else ""
     named = ", ".join(where[:NAMED]) + more
     firing = sum(1 for a in added if a not in gone and not a.startswith("#"))
-    text = f"{len(added)} {name} alerts came and went" + (f" ({named})" if named else "")
-    text += f"; {firing} still firing" if firing else ""
+    where = f" ({named})" if named else ""
+    if not firing:
+        text = f"{len(added)} {name} alerts came and went{where}"
+    elif firing == len(added):
+        text = f"{len(added)} {name} alerts fired{where}, all still firing"
+    else:
+        text = (f"{len(added)} {name} alerts fired{where}: {len(added) - firing} came and "
+                f"went, {firing} still firing")  # fmt: skip
     first, last = _span(events)
     return TimelineRow(first, "alerts_folded", text, until_ms=last, count=len(events))
 

@@ -20,6 +20,9 @@ from hbmwatch.validation import InvalidQuery
 
 ENTITY_LABELS = ("cluster", "rack", "host", "gpu", "partition", "service", "model", "phase",
                  "target", "reason", "link", "check")  # fmt: skip
+#: Labels that say where a series is, in a short series text (serials and uuids do not).
+SHORT_LABELS = ("host", "gpu", "stack", "link", "direction", "domain", "reason", "service",
+                "phase", "target")  # fmt: skip
 #: What a cause blames, in the order they narrow it (a GPU names its host; rack goes then).
 BLAME_LABELS = ("rack", "host", "gpu", "link", "service", "phase", "target")
 _SERIES_IN_TEXT = re.compile(r'[a-zA-Z_:][a-zA-Z0-9_:]*\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}')
@@ -32,6 +35,7 @@ class EvidenceLine:
 
     evidence: Evidence
     sentence: str
+    series: str = ""  # the series in a few words; the full text stays in ``evidence``
     measured: str = ""
     window: str = ""
     lag: str = ""
@@ -152,7 +156,27 @@ def evidence_line(e: Evidence) -> EvidenceLine:
         window = f"{utc_time(e.window_start_ms)} to {utc_time(e.window_end_ms)} UTC"
     lag = "" if e.lag_seconds is None else f"{_num(e.lag_seconds)} s"
     strength = "" if e.strength is None else _num(e.strength)
-    return EvidenceLine(e, evidence_sentence(e), measured, window, lag, strength)
+    return EvidenceLine(e, evidence_sentence(e), short_series(e.series), measured, window, lag,
+                        strength)  # fmt: skip
+
+
+def short_series(text: str) -> str:
+    """An evidence series in a few words: its metric and the labels that say where.
+
+    >>> short_series('rise of t_celsius{cluster="c0",host="n1",gpu="3",serial="42",uuid="f"}')
+    'rise of t_celsius host=n1 gpu=3'
+    >>> short_series("GPUs of rack r0")
+    'GPUs of rack r0'
+    """
+    selector = series_in(text)
+    labels = _labels_of(text) if selector else None
+    if selector is None or labels is None:
+        return text
+    where = SHORT_LABELS if labels.get("host") else ("rack", *SHORT_LABELS)
+    words = " ".join(f"{k}={labels[k]}" for k in where if labels.get(k))
+    head, _, tail = text.partition(selector)
+    metric = selector.split("{", 1)[0]
+    return f"{head}{metric} {words}{tail}".strip()
 
 
 def evidence_sentence(e: Evidence) -> str:

@@ -163,8 +163,8 @@ def format_value(v: float, unit: str) -> str:
 
     >>> format_value(0.25, "seconds"), format_value(85.0, "celsius"), format_value(0.35, "ratio")
     ('250 ms', '85 °C', '35%')
-    >>> format_value(2.4, "times")
-    '2.4x'
+    >>> format_value(2.4, "times"), format_value(1.95e9, "hertz"), format_value(3e6, "errors/s")
+    ('2.4x', '1.95 GHz', '3M errors/s')
     """
     if not math.isfinite(v):
         return str(v)
@@ -176,8 +176,19 @@ def format_value(v: float, unit: str) -> str:
         return f"{v * 100:.3g}%"
     if unit == "times":
         return f"{v:.3g}x"
-    suffix = {"watts": " W", "hertz": " Hz", "bytes": " B", "": ""}.get(unit, f" {unit}")
-    return f"{v:.3g}{suffix}"
+    if unit == "boolean":
+        return f"{v:.3g}"
+    base = unit if unit in _SI_UNITS else unit.removesuffix("/s")
+    factor, prefix = next(((f, p) for f, p in _SI_PREFIXES if abs(v) >= f), (1.0, ""))
+    if base in _SI_UNITS:  # the prefix joins the symbol: 1.95 GHz, 2 MB/s
+        return f"{v / factor:.3g} {prefix}{_SI_UNITS[base]}" + unit.removeprefix(base)
+    return f"{v / factor:.3g}{prefix} {unit}".rstrip()  # it joins the number: 3M errors/s
+
+
+#: Unit names as a reader writes them, scaled with SI prefixes (2.1 GHz, not 2.1e+09 Hz).
+_SI_UNITS = {"watts": "W", "hertz": "Hz", "bytes": "B", "bytes_per_second": "B/s",
+             "transfers_per_second": "T/s", "joules": "J"}  # fmt: skip
+_SI_PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 
 
 def _finite(points: Sequence[tuple[float, float]], start_s: float, end_s: float) -> list:

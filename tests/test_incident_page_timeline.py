@@ -65,7 +65,11 @@ def test_alerts_that_came_and_went_fold_into_one_row_naming_where() -> None:
 def test_a_folded_row_says_how_many_are_still_firing() -> None:
     events = churn(FOLD_ALERTS)[:-1]  # the last one has not resolved
     (row,) = timeline_rows(events)  # no alerts given: names come from the event text
-    assert row.text == f"{FOLD_ALERTS} GPUThrottling alerts came and went; 1 still firing"
+    n = FOLD_ALERTS
+    assert row.text == f"{n} GPUThrottling alerts fired: {n - 1} came and went, 1 still firing"
+    added = [e for e in churn(n) if e.kind == "alert_added"]
+    (row,) = timeline_rows(added)
+    assert row.text == f"{n} GPUThrottling alerts fired, all still firing"
 
 
 def test_a_few_alerts_are_not_folded() -> None:
