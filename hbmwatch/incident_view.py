@@ -165,7 +165,7 @@ def chart_window(inc: Incident, now_ms: int, base_end_ms: int | None = None) -> 
 def _p99_series(
     store: Store, alerts: Sequence[Alert], window: Window, opened_s: float, notes: list[str]
 ) -> tuple[ChartedSeries, ...]:
-    """The p99 the latency alerts name, then the GPUs' tenants whose p99 moved.
+    """The p99 the latency alerts name, then the GPUs' tenants whose p99 moved most.
 
     A tenant that stayed within ``AFFECTED_RATIO`` of its baseline is left out (with a
     note): it would only set the axis for what is not the problem.
@@ -174,17 +174,23 @@ def _p99_series(
     keys = _expand(store, named, MAX_P99_SERIES, "p99", notes)
     shown = [read_series(store, k, "", window, notes) for k, _ in keys]
     taken = {k.text for k, _ in keys}
-    room = MAX_P99_SERIES - len(shown)
-    for key, _ in _expand(store, tenants, 4 * MAX_P99_SERIES, "tenant p99", notes, taken):
+    found = _expand(store, tenants, 4 * MAX_P99_SERIES, "tenant p99", notes, taken,
+                    note_missing=False)  # a GPU that runs nothing is no news  # fmt: skip
+    moved = []
+    for key, _ in found:
         s = read_series(store, key, "", window, notes)
         if s.baseline is not None and s.peak_ratio(opened_s) < AFFECTED_RATIO:
             notes.append(f"not charted: {s.label}: its p99 stayed under "
                          f"{AFFECTED_RATIO:g}x its baseline")  # fmt: skip
-        elif room > 0:
-            shown.append(s)
-            room -= 1
+        else:
+            moved.append(s)
+    moved.sort(key=lambda s: -s.peak_ratio(opened_s) if s.baseline else 0.0)
+    room = max(MAX_P99_SERIES - len(shown), 0)
+    if len(moved) > room:
+        notes.append(f"{len(moved) - room} more affected tenant p99 series not charted "
+                     f"(at most {MAX_P99_SERIES} p99 series; the most affected are)")  # fmt: skip
     kept = []
-    for s in shown:
+    for s in shown + moved[:room]:
         if s.baseline is None and s.points:
             notes.append(f"not charted: {s.series}: {s.baseline_note}")
         else:
@@ -229,7 +235,7 @@ def _unique(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 
 def _expand(
     store: Store, texts: Sequence[tuple[str, str]], cap: int, role: str, notes: list[str],
-    exclude: Collection[str] = (),
+    exclude: Collection[str] = (), *, note_missing: bool = True,
 ) -> list[tuple[SeriesKey, str]]:  # fmt: skip
     """The stored series each (text, tag) selects, in order, at most ``cap`` in all
     (leaving out the series texts in ``exclude``)."""
@@ -244,7 +250,7 @@ def _expand(
         except InvalidQuery as exc:
             notes.append(f"not charted: {selector_text}: {exc}")
             continue
-        if not found:
+        if not found and note_missing:
             notes.append(f"not charted: {selector_text}: no such series in the store")
         for k in found:
             if k.text not in exclude:

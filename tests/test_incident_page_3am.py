@@ -325,3 +325,19 @@ def test_a_cause_is_shown_on_the_entity_its_ranker_names() -> None:
     rack = RankedCause(Cause.COOLING, 0.8, evidence, "", entity=RACK)  # type: ignore[call-arg]
     room = RankedCause(Cause.AMBIENT, 0.7, evidence, "", entity={"cluster": "c0"})  # type: ignore[call-arg]
     assert [cause_view(c).entity for c in (rack, room)] == ["rack r0", "cluster c0"]
+
+
+def test_of_many_affected_tenants_the_most_affected_are_charted(store: Store) -> None:
+    incident_id = busy_incident(store)
+    tenants = [SeriesKey("workload_latency_seconds",
+                         {**HOT, "service": f"t{i}", "phase": "e2e", "quantile": "0.99"})
+               for i in range(6)]  # fmt: skip
+    samples = [Sample(key, ts, 0.1 * ((1.6 + 0.3 * i) if ts >= ONSET else 1.0))
+               for i, key in enumerate(tenants)
+               for ts in range(NOW_MS - 40 * 60_000, NOW_MS + 1, 5000)]  # fmt: skip
+    assert store.write(samples).rejected_total == 0
+    view = build_incident_view(store, incident_id)
+    assert view is not None
+    drawn = [s.series for s in view.p99]
+    assert drawn == [P99_MS.text, P99_S.text, *(k.text for k in tenants[:1:-1])]  # t5..t2
+    assert any("2 more affected tenant p99 series not charted" in n for n in view.notes)
