@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from hbmwatch.taxonomy import Cause
+from hbmwatch.taxonomy import Cause, FindingKind
 from simulator.fleet import MAX_LINKS, MAX_STACKS, Fleet
 from simulator.scenario import FAULT_SPECS, Fault, FaultKind
 
@@ -147,12 +147,22 @@ class FaultPlan:
                     ],
                     "affected_services": services,
                     "affected_jobs": jobs,
-                    "expected_findings": [f.value for f in spec["findings"]],
+                    "expected_findings": [f.value for f in fault.expected_findings],
                     "expected_root_cause": Cause(spec["cause"]).value,
+                    "regressing_workloads": _regressing(fault, services, jobs),
                     "thermal_cause": Cause(spec["cause"]).is_thermal,
                 }
             )
         return out
+
+
+def _regressing(fault: Fault, services: list[str], jobs: list[str]) -> list[str]:
+    """The workloads a regression scenario's fault must slow (its ``expect`` names the kind):
+    the services on its GPUs for a p99 regression, the jobs for a step-time one."""
+    kinds = set(fault.expect or ())
+    return (services if FindingKind.P99_REGRESSION in kinds else []) + (
+        jobs if FindingKind.STEP_TIME_REGRESSION in kinds else []
+    )
 
 
 def _iso(unix: float) -> str:

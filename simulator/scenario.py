@@ -195,6 +195,10 @@ class Fault(_Strict):
     ramp: Duration = 0.0
     end: Duration | None = None
     magnitude: float | None = None
+    #: The findings this fault must raise, instead of its kind's (``FAULT_SPECS``).  A
+    #: regression scenario lists only the workload's regression, so that the fault counts
+    #: as detected, and its cause as right, only through the regression's own ranking.
+    expect: tuple[FindingKind, ...] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _check(self) -> Fault:
@@ -203,6 +207,10 @@ class Fault(_Strict):
                 f"end ({self.end:g} s) must come after onset + ramp ({self.onset + self.ramp:g} s)"
             )
         return self
+
+    @property
+    def expected_findings(self) -> tuple[FindingKind, ...]:
+        return self.expect if self.expect is not None else FAULT_SPECS[self.kind]["findings"]
 
     @property
     def effective_magnitude(self) -> float:
