@@ -16,9 +16,19 @@ The baseline works on log(p99) (latency is multiplicative): a robust level and t
 (``TrendBaseline``) on the series with its learned daily shape removed (``SeasonalProfile``),
 so a morning ramp seen on earlier days is not a regression.  A one-sided CUSUM of the
 standardised deviation decides the onset (a noisy service needs a larger or longer rise),
-the effect size alone decides that it persists, and ``Hysteresis`` holds both for
-``min_on_s`` / ``min_off_s``.  While a regression is open (or a step meets the effect size)
-the baseline learns at ``open_learn_rate`` only, so a long fault does not become normal.
+the effect size alone decides that it persists.  How long it must persist scales with the
+effect: ``min_on_s`` (75 s, longer than the 60 s quantile window, so chance tail excursions
+of a few requests do not page) up to ``fast_ratio`` (2x), shorter for larger ratios (3x:
+20 s, 10x and more: ``min_hold_s``, 5 s), because a GPU captured cold showed real
+regressions of 20-60 s (2.3 -> 7.7 ms, 2.4 -> 122 ms) that a fixed 75 s never saw;
+``Hysteresis`` closes after ``min_off_s``.  While a regression is open (or a step meets the
+effect size) the baseline learns at ``open_learn_rate`` only, so a long fault does not
+become normal.
+
+A workload seen for the first time has no baseline for ``warmup_s``.  From ``cold_min_s``
+of its own data it is judged against that provisional level, with no CUSUM (its spread is
+not known yet) and a larger effect (``cold_ratio``): a cold start under load pages a large
+regression instead of learning it as normal.
 """
 
 from __future__ import annotations
@@ -69,8 +79,11 @@ class LatencyRegressions:
     Parameters: ``min_ratio`` (p99 over baseline to count; ``critical_ratio`` makes it
     critical), ``min_requests`` / ``min_steps`` (window observations below which a p99 is no
     evidence), ``resolution_factor`` (buckets the increase must exceed), ``cusum_k`` /
-    ``cusum_h`` (CUSUM slack and decision level, in baseline scales), ``min_on_s`` /
-    ``min_off_s`` (hysteresis), ``warmup_s``, ``level_half_life_s`` / ``trend_half_life_s`` /
+    ``cusum_h`` (CUSUM slack and decision level, in baseline scales), ``min_on_s`` (hold at
+    ``min_ratio``), ``fast_ratio`` / ``hold_power`` / ``min_hold_s`` (past ``fast_ratio``
+    the hold shrinks as ``(log fast_ratio / log ratio) ** hold_power``, not under
+    ``min_hold_s``), ``min_off_s``, ``warmup_s``, ``cold_min_s`` / ``cold_ratio`` (the
+    judgement while the baseline warms), ``level_half_life_s`` / ``trend_half_life_s`` /
     ``scale_half_life_s`` / ``min_scale`` (the log-p99 baseline), ``open_learn_rate``, and
     ``season_bins`` / ``season_period_s`` / ``season_half_life_days`` / ``season_min_days``
     (the daily profile).
@@ -109,8 +122,13 @@ class LatencyRegressions:
         cusum_k: float = 0.5,
         cusum_h: float = 5.0,
         min_on_s: float = 75.0,
+        fast_ratio: float = 2.0,
+        hold_power: float = 2.9,
+        min_hold_s: float = 5.0,
         min_off_s: float = 60.0,
         warmup_s: float = 180.0,
+        cold_min_s: float = 20.0,
+        cold_ratio: float = 2.5,
         level_half_life_s: float = 900.0,
         trend_half_life_s: float = 3600.0,
         scale_half_life_s: float = 1800.0,
@@ -129,8 +147,13 @@ class LatencyRegressions:
         self.cusum_k = cusum_k
         self.cusum_h = cusum_h
         self.min_on_s = min_on_s
+        self.fast_ratio = fast_ratio
+        self.hold_power = hold_power
+        self.min_hold_s = min_hold_s
         self.min_off_s = min_off_s
         self.warmup_s = warmup_s
+        self.cold_min_s = cold_min_s
+        self.cold_ratio = cold_ratio
         self.level_half_life_s = level_half_life_s
         self.trend_half_life_s = trend_half_life_s
         self.scale_half_life_s = scale_half_life_s
@@ -159,11 +182,13 @@ class LatencyRegressions:
         )
         self.cusum_ = Cusum(k=self.cusum_k, cap=2.0 * self.cusum_h)
         # slow_: log p99 averaged over a period (what the daily shape is relative to);
-        # p50_: the log-p50 baseline; ready_: whether the daily shape was in use last step.
-        self.wl_ = EntityTable({"slow_": np.nan, "p50_": np.nan, "ready_": 0.0})
-        self.open_ = Hysteresis(
-            enter=1.0, exit=0.5, min_on_s=self.min_on_s, min_off_s=self.min_off_s
+        # p50_: the log-p50 baseline; ready_: whether the daily shape was in use last step;
+        # since_ / earned_: when the score last went over 1 and the share of the hold (which
+        # depends on the effect) earned since, so the hysteresis itself opens at once.
+        self.wl_ = EntityTable(
+            {"slow_": np.nan, "p50_": np.nan, "ready_": 0.0, "since_": np.nan, "earned_": 0.0}
         )
+        self.open_ = Hysteresis(enter=1.0, exit=0.5, min_on_s=0.0, min_off_s=self.min_off_s)
         self._rows: tuple[list[str], _Rows] | None = None  # rows into the tables above
 
     # -- the update -------------------------------------------------------------------------
@@ -241,14 +266,20 @@ class LatencyRegressions:
         x, x50 = logs
         adj = x - shape
         pred = self.base_.predict_local(base_state, t_ms)
-        dev = self.base_.deviation_local(base_state, adj, t_ms)
+        seen = base_state["seen_s_"]
+        dev = np.where(seen >= self.warmup_s, adj - pred, np.nan)
+        cold = (seen < self.warmup_s) & (seen >= self.cold_min_s)
+        judged = np.where(cold, adj - pred, dev)
         z = dev / self.base_.scale_local(base_state)
         cus = self.cusum_.update(rows.cusum, z)
         base = np.exp(pred + shape)
-        score, effect = self._score(dev, cus, trace.p99[:, i], base, trace.res[:, i], is_open)
+        score, effect = self._score(
+            judged, cold, cus, (trace.p99[:, i], base, trace.res[:, i]), is_open
+        )
         score = np.where(np.isnan(x), np.nan, np.nan_to_num(score, nan=0.0))  # warm-up: 0.0
-        trace.excess[:, i] = dev
-        trace.base[:, i] = np.where(np.isnan(dev), np.nan, base)
+        score = self._persist(rows, score, effect, cold, is_open, t_ms, dt_s)
+        trace.excess[:, i] = judged
+        trace.base[:, i] = np.where(np.isnan(judged), np.nan, base)
         trace.base50[:, i] = np.exp(self.wl_["p50_"][rows.wl])
         trace.cusum[:, i] = cus
         suspect = is_open | (np.nan_to_num(effect) >= 1.0)
@@ -276,20 +307,69 @@ class LatencyRegressions:
     def _score(
         self,
         dev: np.ndarray,
+        cold: np.ndarray,
         cus: np.ndarray,
-        p99: np.ndarray,
-        base: np.ndarray,
-        res: np.ndarray,
+        values: tuple[np.ndarray, np.ndarray, np.ndarray],
         is_open: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Hysteresis score (1 = every gate met) and the effect-size part of it."""
+        """Hysteresis score (1 = every gate met) and the effect-size part of it.
+
+        ``dev`` is log(p99 / baseline); ``values`` are p99, the baseline and the bucket
+        resolution.  A ``cold`` workload needs ``cold_ratio`` and has no CUSUM to pass.
+        """
+        p99, base, res = values
+        need = np.where(cold, self.cold_ratio, self.min_ratio)
         with np.errstate(all="ignore"):
-            effect = (np.exp(dev) - 1.0) / (self.min_ratio - 1.0)
+            effect = (np.exp(dev) - 1.0) / (need - 1.0)
             known = res > 0
             buckets = np.where(known, (p99 - base) / (self.resolution_factor * res), np.inf)
             effect = np.minimum(effect, buckets)  # NaN (warm-up, no data) stays NaN
-            onset = np.minimum(effect, cus / self.cusum_h)
+            onset = np.where(cold, effect, np.minimum(effect, cus / self.cusum_h))
         return np.where(is_open, effect, onset), effect
+
+    def hold_s(self, ratio: np.ndarray | float) -> np.ndarray:
+        """How long a regression of ``ratio`` times its baseline must last to page.
+
+        ``min_on_s`` up to ``fast_ratio`` (chance tail excursions of a few requests reach
+        1.5-2x); larger effects need less, down to ``min_hold_s``.
+
+        >>> LatencyRegressions().hold_s(np.array([1.5, 2.0, 2.5, 3.0, 10.0])).round(1).tolist()
+        [75.0, 75.0, 33.4, 19.7, 5.0]
+        """
+        with np.errstate(all="ignore"):
+            part = np.log(self.fast_ratio) / np.log(np.fmax(ratio, self.fast_ratio))
+            hold = self.min_on_s * np.nan_to_num(part, nan=1.0) ** self.hold_power
+        return np.clip(hold, min(self.min_hold_s, self.min_on_s), self.min_on_s)
+
+    def _persist(
+        self,
+        rows: _Rows,
+        score: np.ndarray,
+        effect: np.ndarray,
+        cold: np.ndarray,
+        is_open: np.ndarray,
+        t_ms: int,
+        dt_s: float,
+    ) -> np.ndarray:
+        """The score, held under 1 until it has been over 1 for the hold its effect needs.
+
+        Each second over 1 earns ``dt / hold_s(ratio)`` of the hold (the first step starts the
+        clock), so a constant effect pages after exactly ``hold_s`` and a varying one after
+        the time its effects add up to.  Open workloads pass through: closing is hysteresis.
+        """
+        t, wrows = self.wl_, rows.wl
+        since, earned = t["since_"][wrows], t["earned_"][wrows]
+        known = ~np.isnan(score)
+        over = known & (score >= 1.0) & ~is_open
+        need = np.where(cold, self.cold_ratio, self.min_ratio)
+        ratio = 1.0 + np.fmax(np.nan_to_num(effect), 0.0) * (need - 1.0)
+        gain = np.where(np.isnan(since), 0.0, dt_s / self.hold_s(ratio))
+        earned = np.where(over, earned + gain, np.where(known, 0.0, earned))
+        since = np.where(over, np.where(np.isnan(since), t_ms, since),
+                         np.where(known, np.nan, since))  # fmt: skip
+        t["since_"][wrows], t["earned_"][wrows] = since, earned
+        waiting = over & (earned < 1.0 - 1e-9)
+        return np.where(waiting, np.fmin(score, 0.999), score)
 
     def _learn_levels(
         self,
@@ -335,7 +415,7 @@ class LatencyRegressions:
         opened, closed = self.open_.step(keys, score[live], t_ms)
         out = []
         for key in opened:
-            start = int(self.open_.over_since(key))
+            start = int(self.wl_["since_"][self.wl_.index[key]])
             self.open_.episodes[key] = Episode(started_ms=start, raised_ms=t_ms)
             out.append(self._finding(frame, trace, frame.workloads.index[key], i, t_ms))
         for key in closed:

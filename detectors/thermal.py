@@ -15,6 +15,16 @@ is compared:
    crosses a threshold.  Which racks rise together decides the cause: one rack, ``cooling``;
    most racks of a cluster, ``ambient``; one GPU or one stack, ``thermal``.
 
+A GPU seen for the first time is judged against its SKU and its peers while its own
+baselines warm: the SKU's limit applies from the first sample; the gap to peers / sibling
+stacks counts before its usual gap is learned once it is twice the threshold (a stack 10 C
+over its siblings is not normal for any SKU); a load above any the GPU has been seen at is
+explained with a prior slope (``MEMORY_C_PER_BANDWIDTH``, ``HOTSPOT_C_PER_POWER``) until
+its own is learned; and while the own baseline is young (``young_s``) a rise over it alone
+is no excursion more than ``young_margin_c`` under the slowdown limit, because a package
+still soaking up heat, or a load the baseline never saw, looks like a rise (on a real H200
+a hotspot 46 C under its limit was reported 5 s after the warm-up ended).
+
 Rates of rise are reported with each finding.  Hysteresis (enter at 1, leave under 0.5 of
 the thresholds) and minimum durations keep one noisy sample from opening or closing one.
 """
@@ -48,6 +58,11 @@ from hbmwatch.taxonomy import Cause, FindingKind
 SENSORS = ("memory", "hotspot", *(f"stack{i}" for i in range(MAX_STACKS)))
 N_SENSORS = len(SENSORS)
 DEFAULT_LIMITS = (95.0, 89.0)  # memory, hotspot: the strictest SKU's when one is unknown
+#: What a load the GPU was never seen at explains, until its own slope is learned: on the
+#: real H200 capture (docs/detection.md) memory warmed 20 C at 0.88 of its bandwidth and the
+#: hotspot 24 C at +0.75 of its power limit; the priors sit a little under both.
+MEMORY_C_PER_BANDWIDTH = 20.0
+HOTSPOT_C_PER_POWER = 30.0
 
 
 class ThermalExcursions:
@@ -87,6 +102,8 @@ class ThermalExcursions:
         min_on_s: float = 5.0,
         min_off_s: float = 60.0,
         warmup_s: float = 180.0,
+        young_s: float = 360.0,
+        young_margin_c: float = 30.0,
         level_half_life_s: float = 1200.0,
         offset_half_life_s: float = 6 * 3600.0,
         rack_half_life_s: float = 8.0,
@@ -101,6 +118,8 @@ class ThermalExcursions:
         self.min_on_s = min_on_s
         self.min_off_s = min_off_s
         self.warmup_s = warmup_s
+        self.young_s = young_s
+        self.young_margin_c = young_margin_c
         self.level_half_life_s = level_half_life_s
         self.offset_half_life_s = offset_half_life_s
         self.rack_half_life_s = rack_half_life_s
@@ -146,15 +165,21 @@ class ThermalExcursions:
         # Sensors with no value in the frame learn nothing and score nothing: the per-sensor
         # arithmetic runs on the others (``live``) and leaves theirs NaN.
         live_rise, live_excess = rise.reshape(frame.steps, -1), excess.reshape(frame.steps, -1)
+        sensor_of = inputs.live % N_SENSORS
+        prior, allow = _PRIOR_SLOPE[sensor_of], peer_enter[sensor_of]
+        far_under = lay.limits.reshape(-1)[inputs.live] - self.young_margin_c
+        young = np.zeros(n * N_SENSORS, dtype=bool)
         findings: list[Finding] = []
         for i, t_ms in enumerate(frame.times_ms.tolist()):
             bw_dev[i], d_dev = self._learn_drivers(local.drivers, inputs.drivers[i], t_ms)
             dev = self.temps_.deviation_local(local.temps, inputs.x[i], t_ms)
-            live_rise[i, inputs.live] = self._rise(local.sensors, dev, d_dev[inputs.load_at])
-            live_excess[i, inputs.live] = self._excess(local.sensors, inputs.gaps[i])
+            live_rise[i, inputs.live] = self._rise(local.sensors, dev, d_dev[inputs.load_at], prior)
+            live_excess[i, inputs.live] = self._excess(local.sensors, inputs.gaps[i], allow)
+            young[inputs.live] = (local.temps["seen_s_"] < self.young_s) & (inputs.x[i] < far_under)
             learn = np.where(gate.open[inputs.gpu_of], 0.02, 1.0)
             self.temps_.learn_local(local.temps, inputs.x[i], t_ms, learn)
-            scores[i] = self._score(rise[i], excess[i], inputs.limit_part[i], peer_enter)
+            young_rise = np.where(young.reshape(n, N_SENSORS), np.nan, rise[i])
+            scores[i] = self._score(young_rise, excess[i], inputs.limit_part[i], peer_enter)
             gpu_rise = nanmedian(rise[i], axis=1)
             self.rate_.learn_local(local.rate, gpu_rise, t_ms)
             opened, closed = gate.step(scores[i], t_ms)
@@ -191,25 +216,38 @@ class ThermalExcursions:
         self.drivers_.learn_local(s, d_now, t_ms)
         return d_dev[0::2], d_dev
 
-    def _rise(self, s: dict[str, np.ndarray], dev: np.ndarray, load: np.ndarray) -> np.ndarray:
-        """Rise over the own baseline less what the load explains; learns the load slope."""
+    def _rise(
+        self, s: dict[str, np.ndarray], dev: np.ndarray, load: np.ndarray, prior: np.ndarray
+    ) -> np.ndarray:
+        """Rise over the own baseline less what the load explains; learns the load slope.
+
+        The learned slope explains loads within the range it was learned on (three RMS of
+        the calm moves); a load above that is explained at least at the ``prior`` slope, so
+        a GPU's first copy or GEMM is not a rise (a drop below is not: heat lags the load).
+        """
         ok = ~np.isnan(dev) & ~np.isnan(load)
         a = decay(1.0, self.level_half_life_s)
         sxy, sxx = s["sxy_"], s["sxx_"]
         beta = np.clip(sxy / np.fmax(sxx, 1e-9), 0.0, 60.0)
         beta = np.where(sxx > 1e-6, beta, 0.0)
-        rise = dev - beta * np.nan_to_num(load)
+        load0 = np.nan_to_num(load)
+        beyond = np.fmax(load0 - 3.0 * np.sqrt(sxx), 0.0)
+        rise = dev - beta * (load0 - beyond) - np.fmax(beta, prior) * beyond
         # Learn the load slope from small moves only: a fault's big rise must not teach it.
         calm = ok & (np.abs(dev) < 4.0)
         s["sxy_"] = np.where(calm, sxy + a * (dev * load - sxy), sxy)
         s["sxx_"] = np.where(calm, sxx + a * (load * load - sxx), sxx)
         return rise
 
-    def _excess(self, s: dict[str, np.ndarray], gap: np.ndarray) -> np.ndarray:
-        """The gap to peers / sibling stacks less the usual gap, which it learns when quiet."""
+    def _excess(self, s: dict[str, np.ndarray], gap: np.ndarray, allow: np.ndarray) -> np.ndarray:
+        """The gap to peers / sibling stacks less the usual gap, which it learns when quiet.
+
+        Until the usual gap is learned, the gap less ``allow`` (the threshold again): twice
+        the threshold counts from the first sample, and is not learned as usual.
+        """
         usual = s["gap_"]
         seen = s["gap_seen_"]
-        excess = np.where(seen >= self.warmup_s, gap - usual, np.nan)
+        excess = np.where(seen >= self.warmup_s, gap - usual, gap - allow)
         ok = ~np.isnan(gap)
         a = np.where(seen < self.warmup_s, 1.0 / (seen + 1.0), decay(1.0, self.offset_half_life_s))
         quiet = ok & ~(np.nan_to_num(excess) > self.stack_enter_c / 2)
@@ -491,6 +529,10 @@ def _f(value: float) -> float:
 
 #: Which driver loads each sensor: bandwidth (0) for memory and stacks, power (1) for hotspot.
 _SENSOR_DRIVER = np.array([0, 1] + [0] * MAX_STACKS)
+#: Each sensor's prior slope on its driver, C per unit (bandwidth or relative power).
+_PRIOR_SLOPE = np.array(
+    [MEMORY_C_PER_BANDWIDTH, HOTSPOT_C_PER_POWER] + [MEMORY_C_PER_BANDWIDTH] * MAX_STACKS
+)
 
 
 @dataclass
