@@ -7,22 +7,29 @@
   back meanwhile (flap damping: the alert never resolved, its ``flaps`` count goes up);
 * a finding whose severity rises resolves its alert and starts another with the new
   labels (Alertmanager sees a different label set, so it pages anew); one whose severity
-  falls keeps its alert, so a finding hovering at a threshold is one alert, not many.
+  falls keeps its alert, so a finding hovering at a threshold is one alert, not many;
+* an ``info`` finding is recorded but raises no alert (it pages once it escalates).
 
-Firing alerts join incidents by place: the rack when they have one, else the host, else
-the service or target; an open incident of the same place takes them (or one resolved in
-the last ``group_seconds`` reopens), so a rack losing coolant is one incident listing its
-GPUs.  Silences and inhibition rules mute alerts without changing their state.  The caller
-persists what ``apply`` reports as changed.
+Firing alerts join incidents by **problem**, a cause family at a place (``alerts.grouping``):
+an open incident whose problem is the same, or explains it (a rack's cooling explains its
+GPUs' heat), takes them; one resolved in the last ``group_seconds`` reopens.  A wider
+cause arriving later takes over the narrower incidents it explains, and incidents whose
+problems meet are merged into the oldest, so a rack losing coolant is one incident listing
+its GPUs while a target down and a hot GPU on that rack are two.  Title, severity and
+causes come from the incident's problem (``alerts.summary``).  Silences and inhibition rules
+mute alerts without changing their state.  The caller persists what ``apply`` reports as
+changed.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from alerts import summary
+from alerts.grouping import Problem
+from alerts.incidents import IncidentGrouping, describe, place
 from alerts.labels import alert_labels, annotations, label_fingerprint
 from alerts.matchers import matches_all, parse_matcher
 from hbmwatch.records import (
@@ -30,19 +37,16 @@ from hbmwatch.records import (
     AlertState,
     Finding,
     Incident,
-    IncidentEvent,
     IncidentState,
     Matcher,
-    RankedCause,
     Severity,
     Silence,
 )
 from hbmwatch.settings import AlertSettings
 from hbmwatch.validation import HbmwatchError
 
-SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
-MAX_CAUSES = 5
-MAX_EVIDENCE = 12
+SEVERITY_RANK = summary.SEVERITY_RANK
+__all__ = ["AlertEngine", "Changes", "IncidentClosed", "describe", "place"]
 
 
 class IncidentClosed(HbmwatchError):
@@ -67,7 +71,7 @@ class Changes:
         return bool(self.alerts or self.incidents)
 
 
-class AlertEngine:
+class AlertEngine(IncidentGrouping):
     def __init__(self, settings: AlertSettings, *, external_url: str | None = None) -> None:
         self.pending_ms = int(settings.pending_seconds * 1000)
         self.keep_ms = int(settings.keep_firing_seconds * 1000)
@@ -86,6 +90,8 @@ class AlertEngine:
         self.incidents: dict[str, Incident] = {}  # open, and resolved within group_ms
         self.silences: dict[str, Silence] = {}
         self.findings: dict[str, Finding] = {}  # the latest statement behind each alert
+        self.problems: dict[str, Problem] = {}  # incident id -> its problem (from its alerts)
+        self.peaks: dict[str, dict[str, float]] = {}  # incident id -> its title's figures
         self.changes = Changes()
 
     # -- state in and out ---------------------------------------------------------------
@@ -127,6 +133,9 @@ class AlertEngine:
         fp = label_fingerprint(labels)
         if cur is not None and cur.finding_id != f.id and not f.open:
             return  # an older statement of a finding this alert no longer follows
+        idle = cur is None or cur.state is AlertState.RESOLVED
+        if f.severity is Severity.INFO and idle:
+            return  # recorded (finding, dashboard), not paged: it alerts once it escalates
         self.findings[f.id] = f
         ann = annotations(f, self._incident_url(cur.incident_id if cur else None))
         if f.open and (cur is None or cur.state is AlertState.RESOLVED):
@@ -224,91 +233,7 @@ class AlertEngine:
         self._mute(now_ms)
         return s
 
-    # -- incidents ----------------------------------------------------------------------
-    def _group(self, now: int) -> None:
-        for a in sorted(self.alerts.values(), key=lambda a: (a.firing_ms or 0, a.id)):
-            if a.state is AlertState.FIRING and a.incident_id is None:
-                inc = self._incident_for(a, now)
-                self._join(inc, a, now)
-        for inc in list(self.incidents.values()):
-            self._settle(inc, now)
-
-    def _incident_for(self, alert: Alert, now: int) -> Incident:
-        scope = place(alert.labels)
-        for inc in sorted(self.incidents.values(), key=lambda i: -i.opened_ms):
-            if dict(inc.scope) != scope:
-                continue
-            if inc.open:
-                return inc
-            if inc.resolved_ms is not None and now - inc.resolved_ms <= self.group_ms:
-                inc = dataclasses.replace(inc, state=IncidentState.OPEN, resolved_ms=None)
-                self._event(inc, now, "reopened", f"{alert.labels.get('alertname')} fired again")
-                return self.incidents[inc.id]
-        key = ",".join(f"{k}={v}" for k, v in sorted(scope.items()))
-        inc_id = "inc-" + hashlib.sha1(f"{key}|{alert.id}".encode()).hexdigest()[:12]
-        inc = Incident(
-            id=inc_id, title="", scope=scope, state=IncidentState.OPEN,
-            severity=alert.severity, opened_ms=alert.firing_ms or now, updated_ms=now,
-        )  # fmt: skip
-        self._event(inc, alert.firing_ms or now, "opened", f"opened for {describe(scope)}")
-        return self.incidents[inc_id]
-
-    def _join(self, inc: Incident, alert: Alert, now: int) -> None:
-        ann = dict(alert.annotations, incident_url=self._incident_url(inc.id))
-        labels = dict(alert.labels, incident=inc.id)  # Alertmanager can group by it
-        alert = dataclasses.replace(alert, incident_id=inc.id, annotations=ann, labels=labels)
-        self._put(alert)
-        if alert.id not in inc.alerts:
-            inc = dataclasses.replace(inc, alerts=(*inc.alerts, alert.id))
-            what = ", ".join(
-                f"{k}={alert.labels[k]}" for k in ("host", "gpu", "service", "target")
-                if alert.labels.get(k)
-            )  # fmt: skip
-            text = f"{alert.labels.get('alertname')} {what}: {alert.annotations.get('summary')}"
-            self._event(inc, alert.firing_ms or now, "alert_added", text.strip(), alert=alert.id)
-
-    def _settle(self, inc: Incident, now: int) -> None:
-        """Severity, title, causes and evidence from its alerts; resolved when they all are."""
-        members = [self.alerts[a] for a in inc.alerts if a in self.alerts]
-        live = [a for a in members if a.state is not AlertState.RESOLVED]
-        if not members:
-            return
-        severity = max((a.severity for a in live or members), key=SEVERITY_RANK.__getitem__)
-        top = max(live or members, key=lambda a: (
-            SEVERITY_RANK[a.severity], a.labels.get("scope") == "rack", -a.started_ms
-        ))  # fmt: skip
-        more = f" (+{len(live) - 1} more firing)" if len(live) > 1 else ""
-        title = f"{describe(inc.scope)}: {top.annotations.get('summary', '')}{more}"
-        causes, evidence = self._causes(members)
-        new = dataclasses.replace(inc, severity=severity, title=title, causes=causes,
-                                  evidence=evidence)  # fmt: skip
-        if severity != inc.severity and inc.alerts:
-            self._event(new, now, "severity", f"severity {inc.severity.value} -> {severity.value}")
-            new = self.incidents[inc.id]
-        if not live and inc.state is not IncidentState.RESOLVED:
-            ended = max(a.resolved_ms or now for a in members)
-            new = dataclasses.replace(new, state=IncidentState.RESOLVED, resolved_ms=ended)
-            self._event(new, ended, "resolved", "all alerts resolved")
-            return
-        if new != inc:
-            self._store_incident(dataclasses.replace(new, updated_ms=now))
-
-    def _causes(self, members: list[Alert]) -> tuple[tuple[RankedCause, ...], tuple]:
-        """The ranked causes of its findings (best confidence per cause), and evidence."""
-        best: dict[str, RankedCause] = {}
-        evidence = []
-        ordered = sorted(members, key=lambda a: -SEVERITY_RANK[a.severity])
-        for a in ordered:
-            f = self.findings.get(a.finding_id)
-            if f is None:
-                continue
-            evidence.extend(f.evidence[:2])
-            for c in f.causes:
-                if c.cause not in best or c.confidence > best[c.cause].confidence:
-                    best[c.cause] = c
-        causes = sorted(best.values(), key=lambda c: -c.confidence)[:MAX_CAUSES]
-        return tuple(causes), tuple(evidence[:MAX_EVIDENCE])
-
+    # -- people's actions ---------------------------------------------------------------
     def acknowledge(self, incident_id: str, by: str, now_ms: int, comment: str = "") -> Incident:
         inc = self._get_incident(incident_id)
         if inc.state is IncidentState.RESOLVED:
@@ -340,20 +265,9 @@ class AlertEngine:
             raise KeyError(incident_id)
         return inc
 
-    def _event(self, inc: Incident, at_ms: int, kind: str, text: str, *,
-               alert: str | None = None, actor: str | None = None) -> None:  # fmt: skip
-        event = IncidentEvent(at_ms, kind, text, alert, actor)
-        updated = max(inc.updated_ms, at_ms)
-        self._store_incident(dataclasses.replace(
-            inc, timeline=(*inc.timeline, event), updated_ms=updated
-        ))  # fmt: skip
-
     def _store_incident(self, inc: Incident) -> None:
         self.incidents[inc.id] = inc
         self.changes.incidents.add(inc.id)
-
-    def _incident_url(self, incident_id: str | None) -> str:
-        return f"{self.external_url}/incidents/{incident_id}" if incident_id else ""
 
     def _forget(self, now: int) -> None:
         """Drop from memory what is resolved and past the grouping window (it stays stored)."""
@@ -367,6 +281,8 @@ class AlertEngine:
         for inc in list(self.incidents.values()):
             if not inc.open and (inc.resolved_ms or 0) < horizon:
                 del self.incidents[inc.id]
+                self.problems.pop(inc.id, None)
+                self.peaks.pop(inc.id, None)
         for s in list(self.silences.values()):
             if s.ends_ms < horizon:
                 del self.silences[s.id]
@@ -374,18 +290,3 @@ class AlertEngine:
 
 def _escalates(alert: Alert, f: Finding) -> bool:
     return SEVERITY_RANK[f.severity] > SEVERITY_RANK[alert.severity]
-
-
-def place(labels: Mapping[str, str]) -> dict[str, str]:
-    """Where an alert belongs: its rack, else its host, else its service or target."""
-    cluster = {"cluster": labels["cluster"]} if labels.get("cluster") else {}
-    for key in ("rack", "host", "service", "target"):
-        if labels.get(key):
-            return {**cluster, key: labels[key]}
-    return cluster or {"fleet": "all"}
-
-
-def describe(scope: Mapping[str, str]) -> str:
-    """``rack r0 (c0)``: a place in words."""
-    text = ", ".join(f"{k} {v}" for k, v in scope.items() if k != "cluster") or "fleet"
-    return f"{text} ({scope['cluster']})" if scope.get("cluster") else text

@@ -54,8 +54,8 @@ def test_a_restart_during_an_open_incident_makes_no_duplicate_and_loses_no_resol
     (alert,) = store.alerts.alerts(incident_id=inc.id)
     assert alert.ending_ms == ms(clock)  # held for the flap window, then resolved
 
-    fb = stated(clock, FindingKind.THROTTLE, gpu("r0", "n2", 0))
-    second.process([fb])  # another GPU of the same rack: the same incident
+    fb = stated(clock, FindingKind.THERMAL_EXCURSION, gpu("r0", "n1", 1))
+    second.process([fb])  # another GPU of that host, hot too: the same incident
     incidents = store.alerts.incidents()
     assert [i.id for i in incidents] == [inc.id] and len(incidents[0].alerts) == 2
 
@@ -63,8 +63,8 @@ def test_a_restart_during_an_open_incident_makes_no_duplicate_and_loses_no_resol
     second.process([ended(fb, clock)])
     clock.advance(31)
     second.process([])
-    states = {x.labels["host"]: x.state for x in store.alerts.alerts(incident_id=inc.id)}
-    assert states == {"n1": AlertState.RESOLVED, "n2": AlertState.RESOLVED}
+    states = {x.labels["gpu"]: x.state for x in store.alerts.alerts(incident_id=inc.id)}
+    assert states == {"0": AlertState.RESOLVED, "1": AlertState.RESOLVED}
     final = store.alerts.incident(inc.id)
     assert final is not None and final.state is IncidentState.RESOLVED
     assert [e.kind for e in final.timeline].count("opened") == 1

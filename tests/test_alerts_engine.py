@@ -65,7 +65,7 @@ def test_a_finding_fires_an_alert_with_labels_annotations_and_an_incident() -> N
     assert alert.annotations["runbook"] == ALERT_NAMES["HBMThermalExcursion"]
     assert "margin_c = -2" in alert.annotations["description"]
     assert alert.incident_id == inc.id and alert.annotations["incident_url"].endswith(inc.id)
-    assert inc.scope == {"cluster": "c0", "rack": "r0"} and inc.state is IncidentState.OPEN
+    assert inc.scope == {"cluster": "c0", "host": "n1"} and inc.state is IncidentState.OPEN
     assert [ev.kind for ev in inc.timeline] == ["opened", "alert_added"]
     assert changes.alerts == {alert.id} and changes.incidents == {inc.id}
     # Restating the same finding changes nothing that needs saving.
@@ -107,14 +107,23 @@ def test_flap_damping_keeps_one_alert_and_resolves_after_the_hold() -> None:
     assert [ev.kind for ev in inc.timeline][-2:] == ["alert_resolved", "resolved"]
 
 
+COOLING = (
+    RankedCause(Cause.COOLING, 0.85, (), "rack r0 warms alone"),
+    RankedCause(Cause.THERMAL, 0.15),
+)
+HBM_THROTTLE = (RankedCause(Cause.HBM_THERMAL_THROTTLE, 0.9),)
+
+
 def rack_storm(e: AlertEngine, rack: str = "r0", start_s: float = 0) -> list[Finding]:
     found = [finding(FindingKind.THERMAL_EXCURSION, {"cluster": "c0", "rack": rack}, start_s,
-                     severity=Severity.CRITICAL, summary=f"rack {rack} warms alone")]  # fmt: skip
+                     severity=Severity.CRITICAL, summary=f"rack {rack} warms alone",
+                     causes=COOLING)]  # fmt: skip
     for n in range(8):
         for g in range(8):
             ent = gpu(rack, f"{rack}-node{n}", g)
-            found.append(finding(FindingKind.THERMAL_EXCURSION, ent, start_s))
-            found.append(finding(FindingKind.THROTTLE, {**ent, "reason": "thermal"}, start_s))
+            found.append(finding(FindingKind.THERMAL_EXCURSION, ent, start_s, causes=COOLING))
+            found.append(finding(FindingKind.THROTTLE, {**ent, "reason": "hbm"}, start_s,
+                                 causes=HBM_THROTTLE))  # fmt: skip
     e.apply(found, at(start_s + 1))
     return found
 
@@ -132,8 +141,9 @@ def test_a_rack_is_one_incident_and_its_cooling_alert_inhibits_the_gpus() -> Non
     assert len(incidents) == 2
     r0 = incidents[(("cluster", "c0"), ("rack", "r0"))]
     assert len(r0.alerts) == 1 + 64 + 64 + 1 and r0.severity is Severity.CRITICAL
-    assert r0.title.startswith("rack r0 (c0): rack r0 warms alone")
-    assert [c.cause for c in r0.causes] == ["cooling", "co_tenant"]
+    assert r0.title.startswith("rack r0 (c0) cooling: ")
+    assert [c.cause for c in r0.causes][:1] == ["cooling"]
+    assert {"hbm_thermal_throttle", "co_tenant"} <= {c.cause for c in r0.causes}
     rack_alert = next(a for a in e.alerts.values() if a.labels["scope"] == "rack")
     by_name: dict[str, list] = {}
     for a in e.alerts.values():
@@ -201,8 +211,8 @@ def test_acknowledge_resolve_and_reopen_within_the_group_window() -> None:
     assert e.incidents[inc.id].state is IncidentState.RESOLVED
     with pytest.raises(ValueError, match="resolved"):
         e.acknowledge(inc.id, "bob", at(12))
-    e.apply([finding(FindingKind.THROTTLE, gpu("r0", "n2", 0), 100)], at(101))
-    assert list(e.incidents) == [inc.id]  # same rack, 90 s later: the same incident reopens
+    e.apply([finding(FindingKind.THROTTLE, gpu("r0", "n1", 1), 100)], at(101))
+    assert list(e.incidents) == [inc.id]  # same host, 90 s later: the same incident reopens
     assert e.incidents[inc.id].timeline[-2].kind == "reopened"
     with pytest.raises(KeyError):
         e.acknowledge("inc-nope", "bob", at(12))

@@ -1,0 +1,167 @@
+"""What an incident says: its ranked causes, severity and title, from its problem.
+
+The title used to be the summary of whichever alert changed last, so a rack losing coolant
+read "hotspot at 62 C: -0.4 C over its baseline, -34.1 C/min".  It now names the incident's
+place and top cause and states only what its findings' evidence holds, at its peak so far:
+"rack r0 (c0) cooling: HBM +38 C over 4 min on 16 GPUs, p99 up to 2.4x on 16 services".
+A cause that carries no evidence series is capped and says so, rather than read as sure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+
+from alerts.grouping import KIND_CAUSE, REGRESSIONS, family_of
+from hbmwatch.records import Evidence, Finding, RankedCause, Severity
+from hbmwatch.taxonomy import Cause, FindingKind
+
+SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+MAX_CAUSES = 5
+MAX_CAUSE_EVIDENCE = 4
+#: The most confidence a cause without a single evidence series is shown with.
+NO_EVIDENCE_CAP = 0.3
+NO_EVIDENCE = "no evidence series recorded"
+
+_RISES = ("rise_over_load_baseline_c", "rack_mean_rise_c")
+_HEAT_KINDS = (FindingKind.THERMAL_EXCURSION, FindingKind.THROTTLE, FindingKind.FLEET_OUTLIER)
+
+
+def _with_evidence(f: Finding) -> list[RankedCause]:
+    """The finding's causes; its top cause carries the finding's own evidence when it has
+    none of its own (a rack warming is the evidence for that rack's cooling)."""
+    causes = list(f.causes) or [
+        RankedCause(KIND_CAUSE.get(f.kind, Cause.NONE), 0.5, summary=f.summary)
+    ]
+    top = causes[0]
+    if not top.evidence and f.evidence and top.cause != Cause.NONE:
+        causes[0] = dataclasses.replace(top, evidence=tuple(f.evidence[:MAX_CAUSE_EVIDENCE]))
+    return causes
+
+
+def incident_causes(findings: Sequence[Finding], family: str) -> tuple[RankedCause, ...]:
+    """The best statement of each cause across the findings, its evidence pooled; causes
+    of the incident's family first (they are why its alerts are one incident)."""
+    best: dict[str, RankedCause] = {}
+    pooled: dict[str, list[Evidence]] = {}
+    for f in findings:
+        for c in _with_evidence(f):
+            name = str(c.cause)
+            if name not in best or c.confidence > best[name].confidence:
+                best[name] = c
+            have = pooled.setdefault(name, [])
+            for e in c.evidence:
+                if len(have) < MAX_CAUSE_EVIDENCE and all(
+                    (e.series, e.statistic) != (h.series, h.statistic) for h in have
+                ):
+                    have.append(e)
+    out = []
+    for name, c in best.items():
+        c = dataclasses.replace(c, evidence=tuple(pooled[name]))
+        if not c.evidence and name != Cause.NONE:
+            note = f"{c.summary}; {NO_EVIDENCE}" if c.summary else NO_EVIDENCE
+            c = dataclasses.replace(c, confidence=min(c.confidence, NO_EVIDENCE_CAP), summary=note)
+        out.append(c)
+    out.sort(key=lambda c: (family_of(str(c.cause)) != family, -c.confidence))
+    return tuple(out[:MAX_CAUSES])
+
+
+def severity_of(live: Iterable[Severity], fallback: Severity) -> Severity:
+    return max(live, key=SEVERITY_RANK.__getitem__, default=fallback)
+
+
+def title(place: str, cause: str, findings: Sequence[Finding], peaks: dict[str, float]) -> str:
+    """``{place} {cause}: {facts}``; ``peaks`` holds the largest figures seen so far."""
+    facts = [
+        _heat(findings, peaks),
+        _throttle(findings, peaks),
+        _errors(findings, peaks),
+        _down(findings),
+        _regressions(findings, peaks, FindingKind.P99_REGRESSION, "p99"),
+        _regressions(findings, peaks, FindingKind.STEP_TIME_REGRESSION, "step time"),
+    ]
+    text = ", ".join(f for f in facts if f)
+    if not text:  # nothing it knows a figure for (a stuck sensor): its first finding's words
+        text = findings[0].summary if findings else "no finding"
+    return f"{place} {cause}: {text}"
+
+
+def _peak(peaks: dict[str, float], key: str, value: float) -> float:
+    peaks[key] = max(peaks.get(key, value), value)
+    return peaks[key]
+
+
+def _gpus(findings: Iterable[Finding]) -> str:
+    gpus = sorted({(f.entity.get("host", ""), f.entity.get("gpu", "")) for f in findings
+                   if f.entity.get("gpu")})  # fmt: skip
+    if len(gpus) == 1:
+        return f" on {gpus[0][0]} gpu {gpus[0][1]}"
+    return f" on {len(gpus)} GPUs" if gpus else ""
+
+
+def _stat(f: Finding, names: Sequence[str]) -> Evidence | None:
+    got = [e for e in f.evidence if e.statistic in names]
+    return max(got, key=lambda e: e.value) if got else None
+
+
+def _heat(findings: Sequence[Finding], peaks: dict[str, float]) -> str:
+    hot = [f for f in findings if f.kind == FindingKind.THERMAL_EXCURSION]
+    rises = [e for e in (_stat(f, _RISES) for f in hot) if e is not None]
+    if not rises:
+        return ""
+    e = max(rises, key=lambda e: e.value)
+    rise = _peak(peaks, "rise", e.value)
+    sensor = "HBM" if "memory" in e.series or "hbm" in e.series else "hotspot"
+    span = (e.window_end_ms or 0) - (e.window_start_ms or 0)
+    minutes = _peak(peaks, "rise_min", span / 60_000) if e.window_start_ms else 0.0
+    over = f" over {minutes:.0f} min" if minutes >= 1 else ""
+    return f"{sensor} {rise:+.0f} C{over}{_gpus(f for f in findings if f.kind in _HEAT_KINDS)}"
+
+
+def _throttle(findings: Sequence[Finding], peaks: dict[str, float]) -> str:
+    held = [f for f in findings if f.kind == FindingKind.THROTTLE]
+    if not held or any(f.kind == FindingKind.THERMAL_EXCURSION for f in findings):
+        return ""
+    res = max((e.value for f in held for e in f.evidence
+               if e.statistic == "throttle_residency"), default=0.0)  # fmt: skip
+    reasons = "/".join(sorted({f.entity.get("reason", "") for f in held} - {""}))
+    share = f" {_peak(peaks, 'residency', res):.0%} of the time" if res else ""
+    return f"{reasons or 'clock'} throttling{share}{_gpus(held)}"
+
+
+def _errors(findings: Sequence[Finding], peaks: dict[str, float]) -> str:
+    out = []
+    for kind, what in ((FindingKind.PCIE_ERRORS, "PCIe"), (FindingKind.FABRIC_ERRORS, "fabric")):
+        found = [f for f in findings if f.kind == kind]
+        rates = [e.value for f in found for e in f.evidence if e.statistic == "errors_per_second"]
+        if found:
+            rate = f" {_peak(peaks, kind, max(rates)):.3g}/s" if rates else ""
+            out.append(f"{what} errors{rate}{_gpus(found)}")
+    return ", ".join(out)
+
+
+def _down(findings: Sequence[Finding]) -> str:
+    down = sorted({f.entity.get("target", "") for f in findings
+                   if f.top_cause == Cause.TARGET_DOWN} - {""})  # fmt: skip
+    if len(down) == 1:
+        return f"target {down[0]} down"
+    return f"{len(down)} targets down" if down else ""
+
+
+def _regressions(findings: Sequence[Finding], peaks: dict[str, float], kind: str, what: str) -> str:
+    regs = [f for f in findings if f.kind == kind and f.kind in REGRESSIONS]
+    if not regs:
+        return ""
+    ratios = [e.value for f in regs for e in f.evidence if e.statistic == "p99_over_baseline_ratio"]
+    ratio = _peak(peaks, kind, max(ratios)) if ratios else 0.0
+    names = sorted({_workload(f.entity) for f in regs})
+    services = {f.entity.get("service", "") for f in regs}
+    figure = f" {ratio:.1f}x" if ratio else ""
+    if len(names) == 1 or len(services) == 1:
+        where = names[0] if len(names) == 1 else next(iter(services))
+        return f"{what}{' up to' if len(names) > 1 and figure else ''}{figure} on {where}"
+    return f"{what}{' up to' if figure else ''}{figure} on {len(services)} services"
+
+
+def _workload(entity: Mapping[str, str]) -> str:
+    return "/".join(v for v in (entity.get("service", ""), entity.get("phase", "")) if v)
