@@ -203,6 +203,19 @@ class DetectionSettings(_Section):
     backfill_seconds: float = Field(
         600.0, ge=0, description="How far back the first cycle after a start looks."
     )
+    target_first_up_grace_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="A target that has never answered is 'not yet up', not down (no "
+        "target_down finding, no page), until this long after its first scrape.",
+    )
+    throttle_page_after_seconds: float = Field(
+        900.0,
+        ge=0,
+        description="Throttling is recorded as an info finding; it pages (warning) once it "
+        "has held a GPU's clock 10%+ under its own baseline this long, or at once when a "
+        "workload on that GPU regresses.",
+    )
 
 
 class ReceiverSettings(_Section):
@@ -278,8 +291,8 @@ class AlertSettings(_Section):
     group_seconds: float = Field(
         900.0,
         gt=0,
-        description="An alert joins an open incident of the same rack (else host, else "
-        "service) that was active this recently.",
+        description="An incident resolved this recently reopens for an alert of the same "
+        "problem (cause family at a place, docs/alerts.md) instead of a new one starting.",
     )
     resend_seconds: float = Field(
         60.0, gt=0, description="Firing alerts are re-sent this often, as Prometheus does."
