@@ -10,7 +10,8 @@ import pytest
 from detectors.base import make_finding
 from detectors.context import Context
 from detectors.frame import MAX_STACKS, Entities, Frame
-from detectors.rootcause import RootCause, _lagged_corr
+from detectors.leadlag import lagged_corr as _lagged_corr
+from detectors.rootcause import RootCause
 from hbmwatch.records import RankedCause, Severity
 from hbmwatch.taxonomy import Cause, FindingKind
 
