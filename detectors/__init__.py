@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def default_detectors() -> list[Any]:
+def default_detectors(settings: Any = None) -> list[Any]:
+    """``settings``: a ``DetectionSettings`` whose detector options apply (None: defaults)."""
     from detectors.devices import LinkErrors, Throttling
     from detectors.latency import LatencyRegressions
     from detectors.outliers import FleetOutliers
@@ -17,11 +18,16 @@ def default_detectors() -> list[Any]:
     from detectors.rootcause import RootCause
     from detectors.thermal import ThermalExcursions
 
+    throttle: dict[str, float] = {}
+    quality: dict[str, float] = {}
+    if settings is not None:
+        throttle["page_after_s"] = settings.throttle_page_after_seconds
+        quality["first_up_grace_s"] = settings.target_first_up_grace_seconds
     return [
         ThermalExcursions(),
-        Throttling(),
+        Throttling(**throttle),
         LinkErrors(),
-        DataQuality(),
+        DataQuality(**quality),
         LatencyRegressions(),
         FleetOutliers(),
         RootCause(),

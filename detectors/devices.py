@@ -31,7 +31,9 @@ from detectors.base import (
 )
 from detectors.frame import Frame
 from detectors.scorers import decay
+from detectors.throttle_paging import Regressions, page_reason
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
+from hbmwatch.settings import DetectionSettings
 from hbmwatch.taxonomy import Cause, FindingKind
 
 ENTITY_LABELS = ("cluster", "rack", "host", "gpu", "sku")
@@ -43,6 +45,8 @@ THROTTLE_GROUPS: tuple[tuple[str, str, Cause, str], ...] = (
     ("thermal", "thr_thermal", Cause.THERMAL, "thermal"),
 )
 N_GROUPS = len(THROTTLE_GROUPS)
+#: One definition: the setting's default.
+PAGE_AFTER_S: float = DetectionSettings.model_fields["throttle_page_after_seconds"].default
 
 
 def _entity(frame: Frame, row: int, **extra: str) -> dict[str, str]:
@@ -77,9 +81,14 @@ class Throttling:
     ``min_off_s``.  The evidence carries the clock drop against the GPU's own unthrottled clock
     baseline, so the size of the effect is visible next to its cause.
 
+    Throttling that hurts nobody is not a page (``detectors/throttle_paging.py``): a finding
+    is ``info`` until it has lasted ``page_after_s`` or a workload regression is open on its
+    GPU, then ``warning``.  Residency hovering at the threshold (a daily peak) must not
+    close and reopen it: it closes only after ``min_off_s`` under ``exit_ratio`` of it.
+
     Parameters: ``min_residency`` (fraction of time throttled), ``min_on_s``, ``min_off_s``,
     ``exit_ratio``, ``half_life_s`` (residency smoothing), ``clock_half_life_s`` (how fast the
-    unthrottled clock baseline follows the GPU).
+    unthrottled clock baseline follows the GPU), ``page_after_s``.
 
     >>> import numpy as np
     >>> from detectors.frame import Entities, Frame
@@ -108,10 +117,12 @@ class Throttling:
         *,
         min_residency: float = 0.2,
         min_on_s: float = 10.0,
-        min_off_s: float = 30.0,
+        min_off_s: float = 300.0,
         exit_ratio: float = 0.5,
         half_life_s: float = 5.0,
         clock_half_life_s: float = 600.0,
+        page_after_s: float = PAGE_AFTER_S,
+        page_clock_drop: float = 0.1,
     ) -> None:
         self.min_residency = min_residency
         self.min_on_s = min_on_s
@@ -119,11 +130,17 @@ class Throttling:
         self.exit_ratio = exit_ratio
         self.half_life_s = half_life_s
         self.clock_half_life_s = clock_half_life_s
+        self.page_after_s = page_after_s
+        self.page_clock_drop = page_clock_drop
+        self._regressions = Regressions()
         self._init_state()
 
     def _init_state(self) -> None:
-        #: ``level_`` decides (updates clipped); ``residency_`` is what the evidence reports.
-        self.residency_ = EntityTable({"level_": 0.0, "residency_": 0.0, "last_ms_": np.nan})
+        #: ``level_`` decides (updates clipped); ``residency_`` is what the evidence reports;
+        #: ``costly_s_``: seconds of the open episode with the clock ``page_clock_drop`` down.
+        self.residency_ = EntityTable(
+            {"level_": 0.0, "residency_": 0.0, "last_ms_": np.nan, "costly_s_": 0.0}
+        )
         self.clocks_ = EntityTable({"base_": np.nan, "clock_": np.nan})
         self.open_ = Hysteresis(
             enter=1.0, exit=self.exit_ratio, min_on_s=self.min_on_s, min_off_s=self.min_off_s
@@ -135,6 +152,9 @@ class Throttling:
             return []
         if not 0 < self.min_residency <= 1 or not 0 < self.exit_ratio <= 1:
             raise ValueError("min_residency and exit_ratio must be in (0, 1]")
+        if self.page_after_s < 0:
+            raise ValueError("page_after_s must not be negative")
+        self._regressions = Regressions.of(frame.open_findings)
         thr = np.stack([frame.g(sig) for _, sig, _, _ in THROTTLE_GROUPS], axis=1)  # (G, 3, T)
         clock = frame.g("clock")
         keys = [f"{g}#{grp}" for g in frame.gpus.keys for grp, *_ in THROTTLE_GROUPS]
@@ -144,6 +164,7 @@ class Throttling:
         gate = SparseGate(self.open_, keys)
         res = self.residency_
         level, shown, last = (res[f][rows] for f in ("level_", "residency_", "last_ms_"))
+        costly = res["costly_s_"][rows]
         cap = 3.0 * self.min_residency  # one throttled sample moves the level by < 1
         findings: list[Finding] = []
         for i, t_ms in enumerate(frame.times_ms.tolist()):
@@ -156,9 +177,11 @@ class Throttling:
             score = np.where(known, level / self.min_residency, np.nan)
             self._learn_clock(crows, clock[:, i], level.reshape(n, N_GROUPS), frame)
             opened, closed = gate.step(score, t_ms)
+            costly = np.where(gate.open, costly + step_s * self._slowed(crows), 0.0)
             if not (opened or closed):
                 continue
             res["level_"][rows], res["residency_"][rows], res["last_ms_"][rows] = level, shown, last
+            res["costly_s_"][rows] = costly
             for key in opened:
                 start = int(self.open_.over_since(key))
                 self.open_.episodes[key] = Episode(started_ms=start, raised_ms=t_ms)
@@ -167,6 +190,7 @@ class Throttling:
             for key in closed:
                 self.open_.episodes.pop(key, None)
         res["level_"][rows], res["residency_"][rows], res["last_ms_"][rows] = level, shown, last
+        res["costly_s_"][rows] = costly
         end_ms = int(frame.times_ms[-1])
         present = set(frame.gpus.keys)
         findings += [
@@ -175,6 +199,13 @@ class Throttling:
             if k.rsplit("#", 1)[0] in present
         ]
         return latest(findings)
+
+    def _slowed(self, crows: np.ndarray) -> np.ndarray:
+        """Per GPU and group: 1 where the clock is ``page_clock_drop`` under its baseline."""
+        c = self.clocks_
+        with np.errstate(divide="ignore", invalid="ignore"):
+            drop = 1.0 - c["clock_"][crows] / c["base_"][crows]
+        return np.repeat(np.nan_to_num(drop) >= self.page_clock_drop, N_GROUPS).astype(float)
 
     def _learn_clock(
         self, crows: np.ndarray, clock: np.ndarray, level: np.ndarray, frame: Frame
@@ -212,9 +243,17 @@ class Throttling:
         ]  # fmt: skip
         effect = f", clock {drop:.0%} below its own baseline" if drop > 0.02 else ""
         summary = f"{words} throttling {residency:.0%} of the time (peak {ep.peak:.0%}){effect}"
+        entity = _entity(frame, grow, reason=group)
+        costly_s = float(self.residency_["costly_s_"][self.residency_.index[key]])
+        pages = ep.extra.get("pages") or page_reason(
+            self._regressions, entity, costly_s, self.page_after_s, self.page_clock_drop
+        )
+        if pages and key in self.open_.episodes:  # once it pages, the episode keeps paging
+            ep.extra["pages"] = pages
+        summary += f"; pages: {pages}" if pages else "; no workload slower for it yet"
         return make_finding(
-            kind=FindingKind.THROTTLE, detector=self.name,
-            entity=_entity(frame, grow, reason=group), severity=Severity.WARNING,
+            kind=FindingKind.THROTTLE, detector=self.name, entity=entity,
+            severity=Severity.WARNING if pages else Severity.INFO,
             summary=summary, started_ms=ep.started_ms, raised_ms=ep.raised_ms, updated_ms=t_ms,
             ended_ms=end, evidence=evidence,
             causes=[RankedCause(cause, 0.9, summary=f"{words} throttle residency sustained")],

@@ -27,6 +27,7 @@ from detectors.base import (
 )
 from detectors.frame import MAX_STACKS, Frame
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
+from hbmwatch.settings import DetectionSettings
 from hbmwatch.taxonomy import Cause, FindingKind
 
 GPU_ENTITY = ("cluster", "rack", "host", "gpu", "sku")
@@ -34,6 +35,8 @@ TARGET_ENTITY = ("cluster", "rack", "host", "target", "source")
 TEMPS = ("mem_temp", "hot_temp", *(f"stack{i}" for i in range(MAX_STACKS)))
 GAP_SIGNALS = ("mem_temp", "hot_temp", "power", "clock", "mem_clock", "bw", "util")
 GAPS = (*GAP_SIGNALS, *(f"stack{i}" for i in range(MAX_STACKS)))
+#: One definition: the setting's default.
+FIRST_UP_GRACE_S: float = DetectionSettings.model_fields["target_first_up_grace_seconds"].default
 
 
 def _gpu_entity(frame: Frame, gkey: str) -> dict[str, str]:
@@ -116,7 +119,7 @@ class DataQuality:
         bw_move: float = 0.1,
         gap_s: float = 15.0,
         min_down_scrapes: int = 2,
-        first_up_grace_s: float = 60.0,
+        first_up_grace_s: float = FIRST_UP_GRACE_S,
         reset_window_s: float = 600.0,
         max_reset_bursts: int = 3,
         sentinel_min_scrapes: int = 3,

@@ -326,7 +326,7 @@ async def detect(
     their findings go on to alerting in the same step."""
     runner = DetectionRunner(
         store,
-        default_detectors(),
+        default_detectors(settings),
         step_seconds=settings.step_seconds,
         settle_seconds=settings.settle_seconds,
         backfill_seconds=settings.backfill_seconds,

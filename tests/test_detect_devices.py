@@ -53,7 +53,7 @@ def chunks(t0_s: float, n: int, size: int = 30, **signals: np.ndarray) -> list[F
 # -- throttling ------------------------------------------------------------------------------
 def throttle_case(seed: int = 0, hot: int = 60, signal: str = "thr_power") -> list[Frame]:
     rng = np.random.default_rng(seed)
-    n = 120 + hot + 90
+    n = 120 + hot + 360
     thr = np.zeros(n)
     thr[120 : 120 + hot] = np.clip(rng.normal(0.5, 0.1, hot), 0, 1)
     clock = 1980 + rng.normal(0, 5, n)
@@ -90,8 +90,9 @@ def test_throttle_closes_after_recovery() -> None:
     found = run(Throttling(), throttle_case())
     closed = [f for f in found if f.ended_ms is not None]
     assert len(closed) == 1 and not closed[0].open
-    # closes after min_off_s of low residency, not at the first unthrottled sample
-    assert 180_000 + 30_000 <= closed[0].ended_ms <= 180_000 + 45_000
+    # closes after min_off_s (5 min) of low residency, not at the first unthrottled sample:
+    # residency hovering at the threshold through a daily peak is one finding, not flaps
+    assert 180_000 + 300_000 <= closed[0].ended_ms <= 180_000 + 315_000
 
 
 def test_throttle_quiet_on_noisy_healthy_fleet() -> None:
@@ -140,7 +141,7 @@ def test_throttle_state_survives_json_round_trip() -> None:
 
 def test_throttle_params_stored_as_given() -> None:
     det = Throttling(min_residency=0.3, min_on_s=20)
-    assert (det.min_residency, det.min_on_s, det.min_off_s) == (0.3, 20, 30.0)
+    assert (det.min_residency, det.min_on_s, det.min_off_s) == (0.3, 20, 300.0)
 
 
 # -- link errors -----------------------------------------------------------------------------
