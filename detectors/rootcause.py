@@ -228,17 +228,19 @@ class RootCause:
         for c in scored:
             if c.strength < 0.05:
                 continue
-            name, entity, note = c.cause, _place(labels.get(c.key, reg.entity)), ""
-            evidence = list(c.evidence)
+            name, entity = c.cause, _place(labels.get(c.key, reg.entity))
+            evidence, summary = list(c.evidence), ""
             if c.cause is Cause.THERMAL:
                 scope = heat_scope(frame.context, c.key, span)
                 if scope is not None:
-                    name, entity, note = scope.cause, scope.entity, scope.summary
+                    name, entity, summary = scope.cause, scope.entity, scope.summary
                     evidence.insert(0, scope.evidence)
                 else:
                     name, note = _thermal_label(reg, thermal, hbm_throttle)
+                    entity = _widen(name, entity)
+                    summary = "; ".join(x for x in (_summary(entity, evidence), note) if x)
             conf = round(c.strength / max(total, 1.0), 3)
-            summary = note or _summary(entity, evidence)
+            summary = summary or _summary(entity, evidence)
             if c.late:
                 summary += "; it started after the regression"
             out.append(RankedCause(name, conf, tuple(evidence), summary, entity))
@@ -297,6 +299,12 @@ def _thermal_label(
 def _place(labels: Mapping[str, str]) -> dict[str, str]:
     """Where a cause is: the canonical placement labels (cluster, rack, host, gpu)."""
     return {k: str(labels[k]) for k in PLACE_LABELS if labels.get(k) not in (None, "")}
+
+
+def _widen(cause: Cause, entity: Mapping[str, str]) -> dict[str, str]:
+    """A rack's or a room's heat is about the rack or the cluster, not the one GPU."""
+    keep = {Cause.COOLING: ("cluster", "rack"), Cause.AMBIENT: ("cluster",)}.get(cause)
+    return {k: v for k, v in entity.items() if keep is None or k in keep}
 
 
 def _where(entity: Mapping[str, str]) -> str:

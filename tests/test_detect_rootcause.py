@@ -121,6 +121,7 @@ def test_rack_cooling_named_from_the_open_rack_finding() -> None:
     )  # fmt: skip
     causes = rank(history(s), [rack])
     assert causes[0].cause == Cause.COOLING
+    assert dict(causes[0].entity) == {"cluster": "c", "rack": "r1"}  # the rack, not the GPU
     names = {e.series for e in causes[0].evidence}
     assert any(n.startswith("load-adjusted rise of gpu_memory_temperature_celsius") for n in names)
 
