@@ -29,6 +29,9 @@ class TrendBaseline:
     load and inlet swing), so a sudden rise stands out early; clipping each update at
     ``clip`` scales keeps one spike from moving the baseline.  ``score_one`` is the
     standardised excess over the prediction, 0.0 until ``warmup_s`` of data was learned.
+    During warm-up the level is a plain average, or with ``warm_half_life_s`` at least an
+    average of that half-life, so a sensor still settling (a package soaking up heat from
+    a cold start) ends its warm-up where it is, not half a ramp behind.
 
     >>> b = TrendBaseline(level_half_life_s=60, trend_half_life_s=300, warmup_s=10)
     >>> rows = b.rows(["gpu0"])
@@ -49,6 +52,7 @@ class TrendBaseline:
         min_scale: float = 0.5,
         warmup_s: float = 120.0,
         clip: float = 4.0,
+        warm_half_life_s: float | None = None,
     ) -> None:
         self.level_half_life_s = level_half_life_s
         self.trend_half_life_s = trend_half_life_s
@@ -56,6 +60,7 @@ class TrendBaseline:
         self.min_scale = min_scale
         self.warmup_s = warmup_s
         self.clip = clip
+        self.warm_half_life_s = warm_half_life_s
         self.table = EntityTable(
             {
                 "level_": np.nan,
@@ -155,6 +160,8 @@ class TrendBaseline:
             # (a short first window, a cold start) is forgotten by the end of the warm-up.
             warm = s["seen_s_"] < self.warmup_s
             first = 1.0 / (s["n_"] + 1.0)
+            if self.warm_half_life_s is not None:
+                first = np.fmax(first, decay(dt, self.warm_half_life_s))
             resid = np.where(
                 warm, x - pred, np.clip(x - pred, -self.clip * scale, self.clip * scale)
             )

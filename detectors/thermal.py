@@ -127,8 +127,9 @@ class ThermalExcursions:
 
     def _init_state(self) -> None:
         self.temps_ = TrendBaseline(
-            level_half_life_s=self.level_half_life_s, min_scale=0.5, warmup_s=self.warmup_s
-        )
+            level_half_life_s=self.level_half_life_s, min_scale=0.5, warmup_s=self.warmup_s,
+            warm_half_life_s=self.warmup_s / 8,
+        )  # fmt: skip
         self.drivers_ = TrendBaseline(
             level_half_life_s=self.level_half_life_s, min_scale=0.01, warmup_s=self.warmup_s
         )
