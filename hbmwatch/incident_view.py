@@ -127,7 +127,7 @@ def build_incident_view(
         cause_series=tuple(read_series(store, k, tag, window, notes) for k, tag in cause_keys),
         cause_panel_title=cause_title,
         causes=causes[:TOP_CAUSES], other_causes=causes[TOP_CAUSES:],
-        evidence=tuple(evidence_line(e) for e in inc.evidence),
+        evidence=tuple(evidence_line(e) for e in dict.fromkeys(inc.evidence)),  # each once
         timeline=timeline_rows(inc.timeline, alerts, resolved=not inc.open),
         alert_rows=alert_rows(alerts),
         entities=entities_of(alerts), notes=tuple(notes),

@@ -14,6 +14,7 @@ whatever the alert engine's grouping does today:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -341,3 +342,13 @@ def test_of_many_affected_tenants_the_most_affected_are_charted(store: Store) ->
     drawn = [s.series for s in view.p99]
     assert drawn == [P99_MS.text, P99_S.text, *(k.text for k in tenants[:1:-1])]  # t5..t2
     assert any("2 more affected tenant p99 series not charted" in n for n in view.notes)
+
+
+def test_evidence_two_alerts_of_one_finding_both_carry_is_listed_once(store: Store) -> None:
+    incident_id = busy_incident(store)
+    inc = store.alerts.incident(incident_id)
+    assert inc is not None
+    piece = Evidence(TEMP.text, "temperature_c", 92.0, None, OPENED, NOW_MS)
+    store.alerts.save(incidents=[dataclasses.replace(inc, evidence=(piece, piece))])
+    view = build_incident_view(store, incident_id)
+    assert view is not None and [line.evidence for line in view.evidence] == [piece]
