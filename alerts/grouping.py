@@ -126,10 +126,13 @@ def problem_of(f: Finding) -> Problem:
 
 
 def _named_entity(f: Finding) -> dict[str, str]:
-    """The place the top cause's first evidence series names (its worst GPU)."""
-    for e in f.causes[0].evidence:
-        labels = dict(_LABEL.findall(e.series))
-        if labels.get("host"):
+    """The place the top cause names: its own entity, else its first evidence series that
+    names a host (its worst GPU)."""
+    top = f.causes[0]
+    named = [dict(top.entity)] if top.entity else []
+    named += [dict(_LABEL.findall(e.series)) for e in top.evidence]
+    for labels in named:
+        if labels.get("host") or labels.get("rack"):
             return {k: labels[k] for k in ("cluster", "rack", "host", "gpu") if labels.get(k)}
     return {}
 

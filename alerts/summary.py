@@ -24,19 +24,32 @@ NO_EVIDENCE_CAP = 0.3
 NO_EVIDENCE = "no evidence series recorded"
 
 _RISES = ("rise_over_load_baseline_c", "rack_mean_rise_c")
+_PLACE = ("cluster", "rack", "host", "gpu", "target")
 _HEAT_KINDS = (FindingKind.THERMAL_EXCURSION, FindingKind.THROTTLE, FindingKind.FLEET_OUTLIER)
 
 
 def _with_evidence(f: Finding) -> list[RankedCause]:
-    """The finding's causes; its top cause carries the finding's own evidence when it has
-    none of its own (a rack warming is the evidence for that rack's cooling)."""
+    """The finding's causes; its top cause carries the finding's own evidence and place
+    when it has none of its own (a rack warming is the evidence for that rack's cooling)."""
     causes = list(f.causes) or [
         RankedCause(KIND_CAUSE.get(f.kind, Cause.NONE), 0.5, summary=f.summary)
     ]
     top = causes[0]
-    if not top.evidence and f.evidence and top.cause != Cause.NONE:
-        causes[0] = dataclasses.replace(top, evidence=tuple(f.evidence[:MAX_CAUSE_EVIDENCE]))
+    if top.cause == Cause.NONE:
+        return causes
+    if not top.evidence and f.evidence:
+        top = dataclasses.replace(top, evidence=tuple(f.evidence[:MAX_CAUSE_EVIDENCE]))
+    if not top.entity and f.kind not in REGRESSIONS:  # a regression's cause is elsewhere
+        top = dataclasses.replace(top, entity=_where(str(top.cause), f.entity))
+    causes[0] = top
     return causes
+
+
+def _where(cause: str, entity: Mapping[str, str]) -> dict[str, str]:
+    """The place a cause is about: a rack's cooling, a cluster's heat, else the device."""
+    wide = {Cause.AMBIENT: 1, Cause.COOLING: 2}
+    keys = _PLACE[: wide[cause]] if cause in wide else _PLACE
+    return {k: entity[k] for k in keys if entity.get(k)}
 
 
 def incident_causes(findings: Sequence[Finding], family: str) -> tuple[RankedCause, ...]:

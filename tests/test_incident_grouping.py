@@ -141,6 +141,7 @@ def test_a_rack_losing_coolant_is_one_incident_titled_by_its_cooling() -> None:
     assert inc.id == first.id and inc.scope == {"cluster": "c0", "rack": "r0"}
     assert len(inc.alerts) == 1 + 15 + 4 + 2
     assert inc.causes[0].cause == "cooling" and inc.causes[0].evidence
+    assert inc.causes[0].entity == {"cluster": "c0", "rack": "r0"}  # the rack, not one GPU
     assert inc.title == ("rack r0 (c0) cooling: HBM +37 C on 15 GPUs, p99 up to 2.4x on 2 services")
     # Four minutes on, the figures hold their peak, and the title says over how long.
     e.apply([hot_gpu("n1", 7, 55, Cause.COOLING, 38, now_s=295), rack_warms(60, 22, 295)],
