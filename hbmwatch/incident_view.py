@@ -52,6 +52,7 @@ __all__ = ["ChartedSeries", "IncidentView", "build_incident_view", "chart_step",
 PAD_BEFORE_MS = 15 * 60_000  # context before the incident opened
 PAD_AFTER_MS = 10 * 60_000  # after a resolved incident ended (never past now)
 LEAD_MS = 60_000  # past now, so the newest point is not on the edge
+MAX_LOOKBACK_MS = 60 * 60_000  # the baseline ends at most this long before it opened
 TOP_CAUSES = 3
 MAX_P99_SERIES = 6
 MAX_CAUSE_SERIES = 6
@@ -146,8 +147,10 @@ def _alerts_of(store: Store, inc: Incident) -> tuple[Alert, ...]:
 
 # -- the window ------------------------------------------------------------------------------
 def baseline_end(inc: Incident, alerts: Sequence[Alert]) -> int:
-    """When the baseline stops: the first of its alerts' starts, or when it opened."""
-    return min([inc.opened_ms, *(a.started_ms for a in alerts)])
+    """When the baseline stops: the first of its alerts' starts, or when it opened; never
+    more than ``MAX_LOOKBACK_MS`` before it opened (an old alert that joined late)."""
+    first = min([inc.opened_ms, *(a.started_ms for a in alerts)])
+    return max(first, inc.opened_ms - MAX_LOOKBACK_MS)
 
 
 def chart_window(inc: Incident, now_ms: int, base_end_ms: int | None = None) -> tuple[int, int]:

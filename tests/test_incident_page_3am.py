@@ -352,3 +352,16 @@ def test_evidence_two_alerts_of_one_finding_both_carry_is_listed_once(store: Sto
     store.alerts.save(incidents=[dataclasses.replace(inc, evidence=(piece, piece))])
     view = build_incident_view(store, incident_id)
     assert view is not None and [line.evidence for line in view.evidence] == [piece]
+
+
+def test_the_baseline_ends_when_the_first_alert_began_but_not_hours_before(store: Store) -> None:
+    from hbmwatch.incident_view import MAX_LOOKBACK_MS, baseline_end
+
+    busy_incident(store)
+    inc = store.alerts.incident(INCIDENT)
+    assert inc is not None
+    alerts = store.alerts.alerts(incident_id=INCIDENT)
+    early = dataclasses.replace(alerts[0], started_ms=OPENED - 90_000)
+    assert baseline_end(inc, [*alerts, early]) == OPENED - 90_000
+    old = dataclasses.replace(alerts[0], started_ms=OPENED - 5 * 3_600_000)
+    assert baseline_end(inc, [*alerts, old]) == OPENED - MAX_LOOKBACK_MS
