@@ -210,7 +210,7 @@ class DetectionSettings(_Section):
         "target_down finding, no page), until this long after its first scrape.",
     )
     throttle_page_after_seconds: float = Field(
-        900.0,
+        300.0,
         ge=0,
         description="Throttling is recorded as an info finding; it pages (warning) once it "
         "has held a GPU's clock 10%+ under its own baseline this long, or at once when a "

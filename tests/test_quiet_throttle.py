@@ -63,11 +63,13 @@ def test_throttling_that_costs_clock_pages_once_past_its_budget() -> None:
     assert "budget 2 min" in first_page.summary
 
 
-def test_default_budget_is_fifteen_minutes() -> None:
+def test_default_budget_is_five_minutes_of_lost_clock() -> None:
     det = Throttling()
-    assert (det.page_after_s, det.page_clock_drop) == (900.0, 0.1)
-    found = run(det, peak(600, drop=0.35))
-    assert found and {f.severity for f in found} == {Severity.INFO}
+    assert (det.page_after_s, det.page_clock_drop) == (300.0, 0.1)
+    found = run(det, peak(320, drop=0.35))
+    assert found and {f.severity for f in found} == {Severity.INFO}  # under 5 min so far
+    found += run(det, chunks(320, 60, thr_power=np.ones(60), clock=np.full(60, 1300.0)))
+    assert found[-1].severity is Severity.WARNING
 
 
 def test_a_regression_on_that_gpu_makes_it_page_at_once() -> None:
@@ -111,7 +113,7 @@ def test_the_settings_reach_the_detectors() -> None:
     from hbmwatch.settings import DetectionSettings
 
     made = {d.name: d for d in default_detectors()}
-    assert (made["throttle"].page_after_s, made["quality"].first_up_grace_s) == (900.0, 60.0)
+    assert (made["throttle"].page_after_s, made["quality"].first_up_grace_s) == (300.0, 60.0)
     settings = DetectionSettings(throttle_page_after_seconds=60, target_first_up_grace_seconds=5)
     made = {d.name: d for d in default_detectors(settings)}
     assert (made["throttle"].page_after_s, made["quality"].first_up_grace_s) == (60.0, 5.0)
