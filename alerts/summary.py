@@ -119,16 +119,28 @@ def _stat(f: Finding, names: Sequence[str]) -> Evidence | None:
 
 def _heat(findings: Sequence[Finding], peaks: dict[str, float]) -> str:
     hot = [f for f in findings if f.kind == FindingKind.THERMAL_EXCURSION]
-    rises = [e for e in (_stat(f, _RISES) for f in hot) if e is not None]
-    if not rises:
-        return ""
-    e = max(rises, key=lambda e: e.value)
-    rise = _peak(peaks, "rise", e.value)
-    sensor = "HBM" if "memory" in e.series or "hbm" in e.series else "hotspot"
-    span = (e.window_end_ms or 0) - (e.window_start_ms or 0)
-    minutes = _peak(peaks, "rise_min", span / 60_000) if e.window_start_ms else 0.0
+    rises = [e for e in (_stat(f, _RISES) for f in hot) if e is not None and e.value > 0]
+    where = _gpus(f for f in findings if f.kind in _HEAT_KINDS)
+    if not rises and "rise" not in peaks:  # no rise to state: how hot it is, if known
+        temps = [e for e in (_stat(f, ("temperature_c",)) for f in hot) if e is not None]
+        if not temps:
+            return ""
+        e = max(temps, key=lambda e: e.value)
+        return f"{_sensor(e)} at {_peak(peaks, 'temp', e.value):.0f} C{where}"
+    e = max(rises, key=lambda e: e.value) if rises else None
+    if e is not None and e.value >= peaks.get("rise", 0.0):  # the sensor of the peak
+        peaks["hotspot"] = float(_sensor(e) == "hotspot")
+    rise = _peak(peaks, "rise", e.value) if e else peaks["rise"]
+    if e is not None and e.window_start_ms:
+        _peak(peaks, "rise_min", ((e.window_end_ms or 0) - e.window_start_ms) / 60_000)
+    minutes = peaks.get("rise_min", 0.0)
     over = f" over {minutes:.0f} min" if minutes >= 1 else ""
-    return f"{sensor} {rise:+.0f} C{over}{_gpus(f for f in findings if f.kind in _HEAT_KINDS)}"
+    sensor = "hotspot" if peaks.get("hotspot") else "HBM"
+    return f"{sensor} {rise:+.0f} C{over}{where}"
+
+
+def _sensor(e: Evidence) -> str:
+    return "HBM" if "memory" in e.series or "hbm" in e.series else "hotspot"
 
 
 def _throttle(findings: Sequence[Finding], peaks: dict[str, float]) -> str:

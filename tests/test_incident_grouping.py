@@ -8,6 +8,8 @@ names.  They run in milliseconds.
 
 from __future__ import annotations
 
+import dataclasses
+
 from alerts.engine import AlertEngine
 from alerts.summary import NO_EVIDENCE, NO_EVIDENCE_CAP
 from detectors.base import make_finding
@@ -254,3 +256,26 @@ def test_a_restarted_engine_keeps_grouping_by_problem() -> None:
     cooling, down = incidents(again)
     assert cooling.id == inc.id and len(cooling.alerts) == 3
     assert down.causes[0].cause == "target_down"
+
+
+def test_the_title_comes_from_the_top_cause_not_the_last_alert_that_changed() -> None:
+    e = engine()
+    cooling = (RankedCause(Cause.COOLING, 0.8, (), "rack r0 warms alone"),)
+    rise = ev(temp("n0", 1), "rise_over_load_baseline_c", 21.0, 0, 120)
+    hot = found(FindingKind.THERMAL_EXCURSION, gpu("r0", "n0", 1), 0, cooling, evidence=(rise,))
+    e.apply([hot], at(121))
+    (inc,) = incidents(e)
+    assert inc.title == "rack r0 (c0) cooling: HBM +21 C over 2 min on n0 gpu 1"
+    # A hotspot alert then changes last, with a falling reading: the title stays.
+    spot = 'gpu_hotspot_temperature_celsius{host="n0",gpu="2"}'
+    later = found(FindingKind.THERMAL_EXCURSION, gpu("r0", "n0", 2), 130, cooling,
+                  evidence=(ev(spot, "temperature_c", 62.0),
+                            ev(spot, "rise_over_load_baseline_c", -0.4)),
+                  summary="hotspot at 62 C: -0.4 C over its baseline, -34.1 C/min")  # fmt: skip
+    e.apply([later], at(131))
+    (inc,) = incidents(e)
+    assert inc.title == "rack r0 (c0) cooling: HBM +21 C over 2 min on 2 GPUs"
+    # A GPU with no rise to state reads its temperature, never a negative rise.
+    e = engine()
+    e.apply([dataclasses.replace(later, causes=())], at(131))
+    assert incidents(e)[0].title == "host n0 (c0) thermal: hotspot at 62 C on n0 gpu 2"
