@@ -296,8 +296,34 @@ def score_file(
     merge: Annotated[
         bool, typer.Option(help="Score the files as one trace (e.g. NVML beside latencies).")
     ] = False,
+    warmup: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Seconds the latency and thermal baselines learn before judging "
+            "(default 180; a short capture wants less).",
+        ),
+    ] = None,
+    hold: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Seconds a p99 regression up to 2x must last to count "
+            "(default 75; larger ones need less).",
+        ),
+    ] = None,
+    min_hold: Annotated[
+        float | None,
+        typer.Option(
+            min=0, help="Seconds a very large (10x) p99 regression must last (default 5)."
+        ),
+    ] = None,
 ) -> None:
-    """Stream recorded traces through the detectors causally; write scores and findings."""
+    """Stream recorded traces through the detectors causally; write scores and findings.
+
+    For a short capture, shorten --warmup (and --hold): by default a baseline learns 180 s
+    and a regression up to 2x must last 75 s (3x: 20 s; 10x: 5 s).
+    """
     from hbmwatch import offline
 
     log.configure("warning")
@@ -318,7 +344,8 @@ def score_file(
     for trace in traces:
         path = trace.path
         console.print(f"{path}: {len(trace.samples):,} samples, dropped {trace.dropped or 'none'}")
-        result = offline.score_trace(trace, step_seconds=step)
+        options = offline.DetectorOptions(warmup, hold, min_hold)
+        result = offline.score_trace(trace, step_seconds=step, options=options)
         scores_path, findings_path = offline.write_outputs(result, out)
         for f in result.findings:
             cause = f" (cause: {f.top_cause})" if f.top_cause else ""

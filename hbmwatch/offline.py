@@ -13,6 +13,10 @@ The trace is replayed in time order through the same store and detection runner 
 the detectors, so no verdict sees a later sample (no look-ahead).  The output is a CSV of
 per-timestamp anomaly scores (each detector's largest score over its entities, 1.0 = at
 its threshold) and the findings as JSON.
+
+A short capture needs shorter detector settings than a fleet watched for days:
+``DetectorOptions`` sets the latency and thermal warm-up and the latency holds
+(``score-file --warmup --hold --min-hold``).
 """
 
 from __future__ import annotations
@@ -53,6 +57,37 @@ class Trace:
     path: Path
     samples: list[Sample]
     dropped: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DetectorOptions:
+    """Detector settings for a capture; None keeps each detector's own default.
+
+    ``warmup_s``: data the latency and thermal baselines learn before judging (a capture
+    that starts seconds before its fault wants less); ``hold_s``: how long a small p99
+    regression (up to 2x) must last; ``min_hold_s``: how long a very large one must.
+    """
+
+    warmup_s: float | None = None
+    hold_s: float | None = None
+    min_hold_s: float | None = None
+
+    def detectors(self) -> list[Any]:
+        """``default_detectors()`` with the latency and thermal detectors set as asked."""
+        from detectors.latency import LatencyRegressions
+        from detectors.thermal import ThermalExcursions
+
+        lat: dict[str, float] = {}
+        therm: dict[str, float] = {}
+        if self.warmup_s is not None:
+            lat["warmup_s"] = therm["warmup_s"] = self.warmup_s
+            lat["cold_min_s"] = min(self.warmup_s, LatencyRegressions().cold_min_s)
+        if self.hold_s is not None:
+            lat["min_on_s"] = self.hold_s
+        if self.min_hold_s is not None:
+            lat["min_hold_s"] = self.min_hold_s
+        made = {"latency": LatencyRegressions(**lat), "thermal": ThermalExcursions(**therm)}
+        return [made.get(d.name, d) for d in default_detectors()]
 
 
 @dataclass
@@ -164,6 +199,7 @@ def score_trace(
     cycle_seconds: float = 60.0,
     workdir: Path | None = None,
     progress: Callable[[float], None] | None = None,
+    options: DetectorOptions | None = None,
 ) -> ScoredFile:
     """Replay a trace cycle by cycle through a scratch store and the detectors."""
     times = np.array([s.timestamp_ms for s in trace.samples], dtype=np.int64)
@@ -175,7 +211,7 @@ def score_trace(
         engine.dispose()
         store = Store(create_store_engine(url), StoreSettings(url=url),
                       clock=lambda: now["ms"] / 1000)  # fmt: skip
-        detectors = default_detectors()
+        detectors = (options or DetectorOptions()).detectors()
         runner = DetectionRunner(
             store, detectors, step_seconds=step_seconds, settle_seconds=0.0,
             backfill_seconds=10 * 86_400, context=Context(), clock=lambda: now["ms"] / 1000,
