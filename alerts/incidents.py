@@ -119,7 +119,8 @@ class IncidentGrouping:
         for i, older in enumerate(opened):
             for newer in opened[i + 1 :]:
                 a, b = self._key(self.incidents[older.id]), self._key(self.incidents[newer.id])
-                if self.incidents[newer.id].open and (a.explains(b) or b.explains(a)):
+                both_open = self.incidents[older.id].open and self.incidents[newer.id].open
+                if both_open and (a.explains(b) or b.explains(a)):
                     wide = a if a.explains(b) else b
                     self._widen([self.incidents[older.id], self.incidents[newer.id]], wide, now,
                                 "its alerts' cause")  # fmt: skip
@@ -130,7 +131,7 @@ class IncidentGrouping:
         if self._key(first) != p:
             text = f"now {p.family} over {describe(p.scope)} ({why})"
             first = dataclasses.replace(first, scope=p.scope)
-            self._event(first, now, "merged", text)
+            self._event(first, now, "widened", text)
             self.problems[first.id] = p
         for other in under[1:]:
             self._merge(self.incidents[first.id], other, now)

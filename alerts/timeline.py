@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from hbmwatch.records import IncidentEvent
 
 #: Within one millisecond, the order events read in.
-_RANK = {"opened": 0, "reopened": 0, "merged": 1, "alert_added": 2, "severity": 3,
+_RANK = {"opened": 0, "reopened": 0, "widened": 1, "merged": 1, "alert_added": 2, "severity": 3,
          "alert_resolved": 4, "acknowledged": 5, "resolved": 6}  # fmt: skip
 ALERT_EVENTS = ("alert_added", "alert_resolved")
 #: Fold an alert name's add/resolve rows once this many alerts of that name came.

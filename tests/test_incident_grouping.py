@@ -141,6 +141,7 @@ def test_a_rack_losing_coolant_is_one_incident_titled_by_its_cooling() -> None:
     e.apply(later, at(61))
     (inc,) = incidents(e, open_only=False)
     assert inc.id == first.id and inc.scope == {"cluster": "c0", "rack": "r0"}
+    assert "widened" in [ev.kind for ev in inc.timeline]
     assert len(inc.alerts) == 1 + 15 + 4 + 2
     assert inc.causes[0].cause == "cooling" and inc.causes[0].evidence
     assert inc.causes[0].entity == {"cluster": "c0", "rack": "r0"}  # the rack, not one GPU
