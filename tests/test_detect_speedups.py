@@ -20,6 +20,7 @@ from detectors.base import Episode, Hysteresis, latest, nanmedian, quiet_nan
 from detectors.frame import MAX_STACKS, Entities, Frame
 from detectors.scorers import TrendBaseline, decay, group_median, group_median_columns
 from detectors.thermal import (
+    _PRIOR_SLOPE,
     DEFAULT_LIMITS,
     N_SENSORS,
     SENSORS,
@@ -70,6 +71,8 @@ class ReferenceTrendBaseline(TrendBaseline):
         scale = np.fmax(np.nan_to_num(t["scale_"][r], nan=self.min_scale), self.min_scale)
         warm = t["seen_s_"][r] < self.warmup_s
         first = 1.0 / (t["n_"][r] + 1.0)
+        if self.warm_half_life_s is not None:
+            first = np.fmax(first, decay(dt, self.warm_half_life_s))
         resid = np.where(warm, x - pred, np.clip(x - pred, -self.clip * scale, self.clip * scale))
         a_level = decay(dt, self.level_half_life_s)
         a = np.where(warm, np.fmax(a_level, first), a_level) * rate
@@ -178,7 +181,7 @@ class ReferenceThermal(ThermalExcursions):
             ref = ReferenceTrendBaseline(
                 level_half_life_s=fast.level_half_life_s, trend_half_life_s=fast.trend_half_life_s,
                 scale_half_life_s=fast.scale_half_life_s, min_scale=fast.min_scale,
-                warmup_s=fast.warmup_s, clip=fast.clip,
+                warmup_s=fast.warmup_s, clip=fast.clip, warm_half_life_s=fast.warm_half_life_s,
             )  # fmt: skip
             setattr(self, name, ref)
 
@@ -212,9 +215,13 @@ class ReferenceThermal(ThermalExcursions):
             dev = self.temps_.deviation(rows, xi, t_ms)
             rise_i, excess_i = self._ref_adjust(srows, dev, load.ravel(), xi, groups, n)
             rise[:, :, i], excess[:, :, i] = rise_i, excess_i
+            seen = self.temps_.table["seen_s_"][rows]
+            young = (seen < self.young_s) & (xi < limits.ravel() - self.young_margin_c)
             learn = np.repeat(np.where(is_open, 0.02, 1.0), N_SENSORS)
             self.temps_.learn_one(rows, xi, t_ms, learn)
-            score, gpu_rise = self._ref_score(rise_i, excess_i, x[:, :, i], limits)
+            score, gpu_rise = self._ref_score(
+                rise_i, excess_i, x[:, :, i], limits, young.reshape(n, N_SENSORS)
+            )
             scores[:, i] = score
             self.rate_.learn_one(frows, gpu_rise, t_ms)
             trace = _Trace(x, rise, excess, limits)
@@ -251,7 +258,10 @@ class ReferenceThermal(ThermalExcursions):
         sxy, sxx = s["sxy_"][srows], s["sxx_"][srows]
         beta = np.clip(sxy / np.fmax(sxx, 1e-9), 0.0, 60.0)
         beta = np.where(sxx > 1e-6, beta, 0.0)
-        rise = dev - beta * np.nan_to_num(load)
+        load0 = np.nan_to_num(load)
+        beyond = np.fmax(load0 - 3.0 * np.sqrt(sxx), 0.0)
+        prior = np.tile(_PRIOR_SLOPE, n)
+        rise = dev - beta * (load0 - beyond) - np.fmax(beta, prior) * beyond
         calm = ok & (np.abs(dev) < 4.0)
         s["sxy_"][srows] = np.where(calm, sxy + a * (dev * load - sxy), sxy)
         s["sxx_"][srows] = np.where(calm, sxx + a * (load * load - sxx), sxx)
@@ -263,7 +273,8 @@ class ReferenceThermal(ThermalExcursions):
         s = self.sensors_
         usual = s["gap_"][srows]
         seen = s["gap_seen_"][srows]
-        excess = np.where(seen >= self.warmup_s, gap - usual, np.nan)
+        allow = np.tile(self._peer_enter(), len(gap) // N_SENSORS)
+        excess = np.where(seen >= self.warmup_s, gap - usual, gap - allow)
         ok = ~np.isnan(gap)
         a = np.where(seen < self.warmup_s, 1.0 / (seen + 1.0), decay(1.0, self.offset_half_life_s))
         quiet = ok & ~(np.nan_to_num(excess) > self.stack_enter_c / 2)
@@ -274,13 +285,18 @@ class ReferenceThermal(ThermalExcursions):
         return excess  # type: ignore[no-any-return]
 
     def _ref_score(
-        self, rise: np.ndarray, excess: np.ndarray, x: np.ndarray, limits: np.ndarray
+        self,
+        rise: np.ndarray,
+        excess: np.ndarray,
+        x: np.ndarray,
+        limits: np.ndarray,
+        young: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         with np.errstate(all="ignore"):
             peer_enter = np.r_[self.peer_enter_c, self.peer_enter_c, [self.stack_enter_c] * 8]
             parts = np.stack(
                 [
-                    rise / self.rise_enter_c,
+                    np.where(young, np.nan, rise) / self.rise_enter_c,
                     excess / peer_enter[None, :],
                     (x - (limits - self.margin_c)) / self.margin_c + 1.0,
                 ]
