@@ -170,16 +170,22 @@ class ThermalExcursions:
         prior, allow = _PRIOR_SLOPE[sensor_of], peer_enter[sensor_of]
         far_under = lay.limits.reshape(-1)[inputs.live] - self.young_margin_c
         young = np.zeros(n * N_SENSORS, dtype=bool)
+        any_young = bool((local.temps["seen_s_"] < self.young_s).any())  # a settled fleet: no
         findings: list[Finding] = []
         for i, t_ms in enumerate(frame.times_ms.tolist()):
             bw_dev[i], d_dev = self._learn_drivers(local.drivers, inputs.drivers[i], t_ms)
             dev = self.temps_.deviation_local(local.temps, inputs.x[i], t_ms)
             live_rise[i, inputs.live] = self._rise(local.sensors, dev, d_dev[inputs.load_at], prior)
             live_excess[i, inputs.live] = self._excess(local.sensors, inputs.gaps[i], allow)
-            young[inputs.live] = (local.temps["seen_s_"] < self.young_s) & (inputs.x[i] < far_under)
+            if any_young:
+                young[inputs.live] = (local.temps["seen_s_"] < self.young_s) & (
+                    inputs.x[i] < far_under
+                )
             learn = np.where(gate.open[inputs.gpu_of], 0.02, 1.0)
             self.temps_.learn_local(local.temps, inputs.x[i], t_ms, learn)
-            young_rise = np.where(young.reshape(n, N_SENSORS), np.nan, rise[i])
+            young_rise = (
+                np.where(young.reshape(n, N_SENSORS), np.nan, rise[i]) if any_young else rise[i]
+            )
             scores[i] = self._score(young_rise, excess[i], inputs.limit_part[i], peer_enter)
             gpu_rise = nanmedian(rise[i], axis=1)
             self.rate_.learn_local(local.rate, gpu_rise, t_ms)
