@@ -71,13 +71,20 @@ def heat_scope(ctx: Any, key: str, span: tuple[int, int, int, int]) -> Scope | N
         window_end_ms=now,
         lag_seconds=lead,
         strength=round(min(1.0, mine.median_rise / (2 * RISE_C)), 3),
-        note="" if lead is None else f"the rack rose {lead:.0f} s before the regression",
+        note=_lead_note(lead),
     )
     summary = (
         f"{where}: {len(mine.risen)} of {len(racks[rack])} GPUs of rack {rack} rose together "
         f"(median +{mine.median_rise:.1f} C over their load-adjusted baselines)"
     )
     return Scope(cause, entity, ev, summary)
+
+
+def _lead_note(lead: float | None) -> str:
+    if lead is None:
+        return ""
+    when = "before" if lead >= 0 else "after"
+    return f"the rack rose {abs(lead):.0f} s {when} the regression"
 
 
 @dataclass(frozen=True)
