@@ -286,3 +286,14 @@ def test_start_hours() -> None:
     assert drawn is not None and midnight <= drawn < midnight + 86_400 and drawn % 60 == 0
     with pytest.raises(ValueError, match="not in"):
         start_time("x", 1, hour=24)
+
+
+def test_eval_start_options_are_checked_before_any_run() -> None:
+    from typer.testing import CliRunner
+
+    from hbmwatch.cli import app
+
+    both = CliRunner().invoke(app, ["eval", "healthy", "--start-hour", "3", "--random-start"])
+    assert both.exit_code == 2 and "choose one" in both.output
+    late = CliRunner().invoke(app, ["eval", "healthy", "--start-hour", "24"])
+    assert late.exit_code == 2 and "Traceback" not in late.output
