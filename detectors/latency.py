@@ -183,11 +183,13 @@ class LatencyRegressions:
         self.cusum_ = Cusum(k=self.cusum_k, cap=2.0 * self.cusum_h)
         # slow_: log p99 averaged over a period (what the daily shape is relative to);
         # p50_: the log-p50 baseline; ready_: whether the daily shape was in use last step;
-        # since_ / earned_: when the score last went over 1 and the share of the hold (which
-        # depends on the effect) earned since, so the hysteresis itself opens at once.
+        # since_ / at_ / earned_: when the score last went over 1, its last step over 1, and
+        # the share of the hold (which depends on the effect) earned since, so the
+        # hysteresis itself opens at once.
         self.wl_ = EntityTable(
-            {"slow_": np.nan, "p50_": np.nan, "ready_": 0.0, "since_": np.nan, "earned_": 0.0}
-        )
+            {"slow_": np.nan, "p50_": np.nan, "ready_": 0.0, "since_": np.nan, "at_": np.nan,
+             "earned_": 0.0}
+        )  # fmt: skip
         self.open_ = Hysteresis(enter=1.0, exit=0.5, min_on_s=0.0, min_off_s=self.min_off_s)
         self._rows: tuple[list[str], _Rows] | None = None  # rows into the tables above
 
@@ -277,7 +279,7 @@ class LatencyRegressions:
             judged, cold, cus, (trace.p99[:, i], base, trace.res[:, i]), is_open
         )
         score = np.where(np.isnan(x), np.nan, np.nan_to_num(score, nan=0.0))  # warm-up: 0.0
-        score = self._persist(rows, score, effect, cold, is_open, t_ms, dt_s)
+        score = self._persist(rows, score, effect, cold, is_open, t_ms)
         trace.excess[:, i] = judged
         trace.base[:, i] = np.where(np.isnan(judged), np.nan, base)
         trace.base50[:, i] = np.exp(self.wl_["p50_"][rows.wl])
@@ -349,25 +351,26 @@ class LatencyRegressions:
         cold: np.ndarray,
         is_open: np.ndarray,
         t_ms: int,
-        dt_s: float,
     ) -> np.ndarray:
         """The score, held under 1 until it has been over 1 for the hold its effect needs.
 
-        Each second over 1 earns ``dt / hold_s(ratio)`` of the hold (the first step starts the
-        clock), so a constant effect pages after exactly ``hold_s`` and a varying one after
+        Each second over 1 earns ``1 / hold_s(ratio)`` of the hold (the first step starts the
+        clock; steps without data neither earn nor stop it, the next one earns the time
+        since), so a constant effect pages after exactly ``hold_s`` and a varying one after
         the time its effects add up to.  Open workloads pass through: closing is hysteresis.
         """
         t, wrows = self.wl_, rows.wl
-        since, earned = t["since_"][wrows], t["earned_"][wrows]
+        since, at, earned = t["since_"][wrows], t["at_"][wrows], t["earned_"][wrows]
         known = ~np.isnan(score)
         over = known & (score >= 1.0) & ~is_open
         need = np.where(cold, self.cold_ratio, self.min_ratio)
         ratio = 1.0 + np.fmax(np.nan_to_num(effect), 0.0) * (need - 1.0)
-        gain = np.where(np.isnan(since), 0.0, dt_s / self.hold_s(ratio))
-        earned = np.where(over, earned + gain, np.where(known, 0.0, earned))
+        elapsed = np.nan_to_num((t_ms - at) / 1000.0)  # 0 on the first step over
+        earned = np.where(over, earned + elapsed / self.hold_s(ratio), np.where(known, 0.0, earned))
         since = np.where(over, np.where(np.isnan(since), t_ms, since),
                          np.where(known, np.nan, since))  # fmt: skip
-        t["since_"][wrows], t["earned_"][wrows] = since, earned
+        at = np.where(over, t_ms, np.where(known, np.nan, at))
+        t["since_"][wrows], t["at_"][wrows], t["earned_"][wrows] = since, at, earned
         waiting = over & (earned < 1.0 - 1e-9)
         return np.where(waiting, np.fmin(score, 0.999), score)
 

@@ -133,3 +133,16 @@ def test_stacks_with_a_small_gap_from_the_first_sample_open_nothing() -> None:
     stacks[0, :6] = th.noisy(6, 300, level=55.0, seed=6)
     stacks[0, 2] += 4
     assert th.feed(ThermalExcursions(), np.nanmax(stacks, axis=1), stacks=stacks) == []
+
+
+@pytest.mark.parametrize(("factor", "hold_s"), [(1.8, 75), (3.0, 20)])
+def test_the_hold_is_time_not_steps_when_p99_comes_every_5_s(factor: float, hold_s: float) -> None:
+    """Latency pages are scraped every 5 s: the steps between have no p99.  The hold is
+    seconds of time over the threshold, not steps with data (which made 75 s into 375 s)."""
+    p99 = lat.with_fault(lat.noisy(1000), 600, 1000, factor)
+    p99[:, np.arange(1000) % 5 != 0] = np.nan
+    found = lat.opened(lat.feed(LatencyRegressions(), p99))
+    assert len(found) == 1
+    f = found[0]
+    assert 600_000 <= f.started_ms <= 610_000
+    assert hold_s - 2 <= (f.raised_ms - f.started_ms) / 1000 <= hold_s + 5
