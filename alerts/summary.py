@@ -13,15 +13,12 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
 from alerts.grouping import KIND_CAUSE, REGRESSIONS, family_of
-from hbmwatch.records import Evidence, Finding, RankedCause, Severity
+from hbmwatch.records import Evidence, Finding, RankedCause, Severity, capped_if_unevidenced
 from hbmwatch.taxonomy import Cause, FindingKind
 
 SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 MAX_CAUSES = 5
 MAX_CAUSE_EVIDENCE = 4
-#: The most confidence a cause without a single evidence series is shown with.
-NO_EVIDENCE_CAP = 0.3
-NO_EVIDENCE = "no evidence series recorded"
 
 _RISES = ("rise_over_load_baseline_c", "rack_mean_rise_c")
 _PLACE = ("cluster", "rack", "host", "gpu", "target")
@@ -70,11 +67,7 @@ def incident_causes(findings: Sequence[Finding], family: str) -> tuple[RankedCau
                     have.append(e)
     out = []
     for name, c in best.items():
-        c = dataclasses.replace(c, evidence=tuple(pooled[name]))
-        if not c.evidence and name != Cause.NONE:
-            note = f"{c.summary}; {NO_EVIDENCE}" if c.summary else NO_EVIDENCE
-            c = dataclasses.replace(c, confidence=min(c.confidence, NO_EVIDENCE_CAP), summary=note)
-        out.append(c)
+        out.append(capped_if_unevidenced(dataclasses.replace(c, evidence=tuple(pooled[name]))))
     out.sort(key=lambda c: (family_of(str(c.cause)) != family, -c.confidence))
     return tuple(out[:MAX_CAUSES])
 

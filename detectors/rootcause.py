@@ -37,7 +37,14 @@ import numpy as np
 from detectors.frame import Frame
 from detectors.heatscope import heat_scope
 from detectors.leadlag import change, lagged_corr, onset, resolution
-from hbmwatch.records import Evidence, Finding, RankedCause, cause_from_dict
+from hbmwatch.records import (
+    NO_EVIDENCE,
+    Evidence,
+    Finding,
+    RankedCause,
+    capped_if_unevidenced,
+    cause_from_dict,
+)
 from hbmwatch.taxonomy import Cause, FindingKind
 
 REGRESSIONS = (FindingKind.P99_REGRESSION, FindingKind.STEP_TIME_REGRESSION)
@@ -71,8 +78,6 @@ SAME_GPU_ONLY = (Cause.CO_TENANT, Cause.MEMORY_BANDWIDTH)
 MECHANISM_FREE = {"thermal_rise": 0.3}
 #: A cause that started after the regression explains it poorly: weighed down, never first.
 LATE = 0.25
-#: A cause with no evidence series (``none``) is not shown above this confidence.
-UNSUPPORTED_MAX = 0.3
 PLACE_LABELS = ("cluster", "rack", "host", "gpu")
 
 
@@ -252,7 +257,7 @@ class RootCause:
             top = out[0]
             note = f"{top.summary}; " if top.summary else ""
             out[0] = dataclasses.replace(top, summary=note + "no thermal cause")
-        return [_capped(c) for c in out[:5]]
+        return [capped_if_unevidenced(c) for c in out[:5]]
 
     def state_dict(self) -> dict[str, Any]:
         return {"ranked": self.ranked_}
@@ -329,7 +334,7 @@ def _when(onset: int | None, start: int) -> str:
 def _summary(entity: Mapping[str, str], evidence: Sequence[Evidence]) -> str:
     """One line naming where the cause is and its strongest evidence."""
     if not evidence:
-        return f"{_where(entity)}: no series evidence recorded"
+        return f"{_where(entity)}: {NO_EVIDENCE}"
     ev = max(evidence, key=lambda e: abs(e.value) / (e.threshold or 1.0))
     signal = ev.series.split("{", 1)[0]
     lead = f", {ev.note}" if ev.note else ""
@@ -345,17 +350,3 @@ def _no_cause(reg: Finding, best: float) -> RankedCause:
         "no cause found on the same GPU, node or rack before the regression",
         _place(reg.entity),
     )
-
-
-def _capped(c: RankedCause) -> RankedCause:
-    """A cause with no evidence series is not shown as confident, and says why."""
-    if c.evidence or c.confidence <= UNSUPPORTED_MAX:
-        return c
-    note = "no series evidence, so confidence is capped"
-    summary = f"{c.summary}; {note}" if c.summary else note
-    return dataclasses.replace(c, confidence=UNSUPPORTED_MAX, summary=summary)
-
-
-def cap_unevidenced(causes: Sequence[RankedCause]) -> list[RankedCause]:
-    """For whoever merges causes (an incident): cap those with no evidence the same way."""
-    return [_capped(c) for c in causes]

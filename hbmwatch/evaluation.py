@@ -228,6 +228,12 @@ def _run_one(
     return result
 
 
+def _quiet_worker() -> None:
+    from hbmwatch import log
+
+    log.configure("warning")
+
+
 def evaluate(
     sources: Sequence[str],
     seeds: Sequence[int | None],
@@ -252,7 +258,12 @@ def evaluate(
             if done:
                 done(results[-1])
         return results
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+    workers = ProcessPoolExecutor(
+        max_workers=jobs,
+        mp_context=get_context("spawn"),
+        initializer=_quiet_worker,  # a spawned worker starts with the default (info) logging
+    )
+    with workers as pool:
         futures = [pool.submit(_run_one, s, seed, duration_s, *when) for s, seed in plan]
         for future in as_completed(futures):
             results.append(future.result())

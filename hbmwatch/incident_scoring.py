@@ -33,7 +33,8 @@ exactly (times in Unix seconds; entity matching, causes and healthy GPU-hours ar
 * **Unexplained.** An alert is explained by a fault when its labels match the fault's
   entity, the fault explains its kind, and it started firing in ``[onset - 120 s,
   end + 300 s]``.  A page is unexplained when none of its new alerts is explained; an
-  incident when none of its alerts is.  **Rates** = count / healthy GPU-hours * 1,000,
+  incident when none of its alerts is (one merged into another is judged there).
+  **Rates** = count / healthy GPU-hours * 1,000,
   counted from the run's first second (start-up included).
 """
 
@@ -203,6 +204,11 @@ def cause_names_entity(cause: RankedCause, truth: FaultTruth) -> bool:
     return any(entity_matches(_series_labels(e.series), truth) for e in cause.evidence)
 
 
+def merged_away(incident: Incident) -> bool:
+    """Merged into another incident: its alerts, and their explanation, went with it."""
+    return any(e.kind == "merged" and e.text.startswith("merged into") for e in incident.timeline)
+
+
 def version_at(versions: Sequence[tuple[int, Incident]], at_s: float) -> Incident:
     """An incident as it stood at ``at_s``: its last version then, else its first."""
     before = [inc for ms, inc in versions if ms / 1000.0 <= at_s]
@@ -268,8 +274,9 @@ def score_run(run: PagedRunLike) -> RunIncidents:
                            if not any(explains(a, t) for a in p.new for t in truths)],
         incidents=len(record.incidents),
         unexplained_incidents=sorted(
-            i for i in record.incidents
-            if not any(explains(a, t) for a in fired if a.incident == i for t in truths)
+            i for i, versions in record.incidents.items()
+            if not merged_away(versions[-1][1])
+            and not any(explains(a, t) for a in fired if a.incident == i for t in truths)
         ),
         healthy_gpu_hours=healthy_gpu_hours(run.truth, evaluated),
     )  # fmt: skip

@@ -6,8 +6,8 @@ may be before events logged earlier).  A rack whose healthy GPUs throttle at the
 logs dozens of alert_added/alert_resolved pairs; read at 3 am that is noise hiding the two
 rows that matter.  So the page shows rows, not events:
 
-- every row in time order; at one instant "opened" comes first and otherwise the order the
-  engine logged them;
+- every row in time order, at one instant in the engine's order (``alerts.timeline``:
+  opened, then alerts added, severity, alerts resolved, resolved);
 - the alerts of one name that came and went three or more times fold into one row ("12
   GPUThrottling alerts came and went") spanning the first to the last of their events;
 - resolve/reopen churn (two or more reopenings) and repeated severity changes (three or
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from alerts.timeline import ordered
 from hbmwatch.records import Alert, IncidentEvent
 
 #: Alerts of one name fold when at least this many came (and went) in one incident.
@@ -84,9 +85,8 @@ def timeline_rows(
 
 
 def order_events(events: Sequence[IncidentEvent]) -> list[IncidentEvent]:
-    """By time; at one instant "opened" first, then the order they were logged."""
-    indexed = sorted(enumerate(events), key=lambda p: (p[1].at_ms, p[1].kind != "opened", p[0]))
-    return [e for _, e in indexed]
+    """In the engine's order (``alerts.timeline``), whatever order they were stored in."""
+    return ordered(events)
 
 
 def _fold_key(e: IncidentEvent, by_id: Mapping[str, Alert]) -> tuple[str, str] | None:

@@ -185,6 +185,20 @@ class RankedCause:
     entity: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
+#: The most confidence a cause that no series supports is shown with.
+UNEVIDENCED_MAX = 0.3
+NO_EVIDENCE = "no evidence series recorded"
+
+
+def capped_if_unevidenced(cause: RankedCause) -> RankedCause:
+    """A cause no series supports is not shown as confident, and says why; the ranker and
+    the incident's merged causes both apply this one rule."""
+    if cause.evidence or cause.confidence <= UNEVIDENCED_MAX:
+        return cause
+    summary = f"{cause.summary}; {NO_EVIDENCE}" if cause.summary else NO_EVIDENCE
+    return dataclasses.replace(cause, confidence=UNEVIDENCED_MAX, summary=summary)
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """What a detector concluded about one entity: a state that opens, updates and resolves.

@@ -47,9 +47,10 @@ def test_rows_are_in_time_order_whatever_order_they_were_stored_in() -> None:
     assert rows[0].kind == "opened"
 
 
-def test_at_one_instant_opened_comes_first_then_the_logged_order() -> None:
+def test_at_one_instant_the_engine_s_order_holds() -> None:
+    """The page orders as the engine inserts (alerts.timeline): opened, added, resolved."""
     events = [ev(0, "alert_resolved", "X resolved"), ev(0, "alert_added", "Y"), ev(0, "opened")]
-    assert [e.kind for e in order_events(events)] == ["opened", "alert_resolved", "alert_added"]
+    assert [e.kind for e in order_events(events)] == ["opened", "alert_added", "alert_resolved"]
 
 
 def test_alerts_that_came_and_went_fold_into_one_row_naming_where() -> None:

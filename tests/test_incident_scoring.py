@@ -19,6 +19,7 @@ from hbmwatch.records import (
     AlertState,
     Evidence,
     Incident,
+    IncidentEvent,
     IncidentState,
     RankedCause,
     Severity,
@@ -297,3 +298,19 @@ def test_eval_start_options_are_checked_before_any_run() -> None:
     assert both.exit_code == 2 and "choose one" in both.output
     late = CliRunner().invoke(app, ["eval", "healthy", "--start-hour", "24"])
     assert late.exit_code == 2 and "Traceback" not in late.output
+
+
+def test_an_incident_merged_into_another_is_not_unexplained() -> None:
+    """Its alerts moved to the incident it merged into; it is judged there, not counted as
+    an incident no fault explains."""
+    run = Run(truth(COOLANT))
+    hot = run.alert("HBMTemperatureHigh", {"rack": "r1", "host": "n1", "gpu": "0"}, 610, "inc-a")
+    run.incident("inc-a", 610, "rack r1 cooling", ("cooling",), SERIES)
+    run.incident("inc-b", 605, "host n1 thermal", ("thermal",), SERIES)
+    (ms, merged), *_ = run.pager.incidents["inc-b"]
+    event = IncidentEvent(ms + 5_000, "merged", "merged into inc-a")
+    run.pager.incidents["inc-b"].append(
+        (ms + 5_000, dataclasses.replace(merged, state=IncidentState.RESOLVED, timeline=(event,)))
+    )
+    run.page(610, hot)
+    assert score_run(run).unexplained_incidents == []

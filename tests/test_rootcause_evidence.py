@@ -9,8 +9,16 @@ import numpy as np
 from detectors.base import make_finding
 from detectors.context import Context
 from detectors.frame import MAX_STACKS, Entities, Frame
-from detectors.rootcause import UNSUPPORTED_MAX, RootCause, cap_unevidenced
-from hbmwatch.records import Evidence, Finding, RankedCause, Severity
+from detectors.rootcause import RootCause
+from hbmwatch.records import (
+    NO_EVIDENCE,
+    UNEVIDENCED_MAX,
+    Evidence,
+    Finding,
+    RankedCause,
+    Severity,
+    capped_if_unevidenced,
+)
 from hbmwatch.taxonomy import Cause, FindingKind
 from tests.test_detect_rootcause import ONSET, T, healthy, ramp, rank
 from tests.test_detect_rootcause import history as one_gpu_history
@@ -142,13 +150,16 @@ def test_no_cause_has_no_evidence_and_is_not_confident() -> None:
     causes = rank(one_gpu_history(healthy(np.random.default_rng(15))))
     top = causes[0]
     assert top.cause == Cause.NONE and not top.evidence
-    assert top.confidence <= UNSUPPORTED_MAX
-    assert "no series evidence" in top.summary
+    assert top.confidence <= UNEVIDENCED_MAX
+    assert NO_EVIDENCE in top.summary
     assert dict(top.entity) == {"cluster": "c", "rack": "r1", "host": "h1", "gpu": "2"}
 
 
 def test_merged_causes_without_evidence_are_capped() -> None:
     ev = Evidence(series="x", statistic="mean", value=1.0)
-    out = cap_unevidenced([RankedCause(Cause.THERMAL, 0.9), RankedCause(Cause.PCIE, 0.9, (ev,))])
-    assert out[0].confidence == UNSUPPORTED_MAX and "no series evidence" in out[0].summary
+    out = [
+        capped_if_unevidenced(c)
+        for c in (RankedCause(Cause.THERMAL, 0.9), RankedCause(Cause.PCIE, 0.9, (ev,)))
+    ]
+    assert out[0].confidence == UNEVIDENCED_MAX and NO_EVIDENCE in out[0].summary
     assert out[1].confidence == 0.9
