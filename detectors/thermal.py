@@ -63,6 +63,7 @@ DEFAULT_LIMITS = (95.0, 89.0)  # memory, hotspot: the strictest SKU's when one i
 #: hotspot 24 C at +0.75 of its power limit; the priors sit a little under both.
 MEMORY_C_PER_BANDWIDTH = 20.0
 HOTSPOT_C_PER_POWER = 30.0
+UNSEEN_LOAD = 0.2  # a load this far over its baseline (bandwidth or power share) is "new"
 
 
 class ThermalExcursions:
@@ -229,8 +230,9 @@ class ThermalExcursions:
         """Rise over the own baseline less what the load explains; learns the load slope.
 
         The learned slope explains loads within the range it was learned on (three RMS of
-        the calm moves); a load above that is explained at least at the ``prior`` slope, so
-        a GPU's first copy or GEMM is not a rise (a drop below is not: heat lags the load).
+        the calm moves, at least ``UNSEEN_LOAD``); a load above that is explained at least at
+        the ``prior`` slope, so a GPU's first copy or GEMM is not a rise (a drop below is
+        not: heat lags the load).  The floor keeps the daily ramp on the learned slope.
         """
         ok = ~np.isnan(dev) & ~np.isnan(load)
         a = decay(1.0, self.level_half_life_s)
@@ -238,8 +240,8 @@ class ThermalExcursions:
         beta = np.clip(sxy / np.fmax(sxx, 1e-9), 0.0, 60.0)
         beta = np.where(sxx > 1e-6, beta, 0.0)
         load0 = np.nan_to_num(load)
-        beyond = np.fmax(load0 - 3.0 * np.sqrt(sxx), 0.0)
-        rise = dev - beta * (load0 - beyond) - np.fmax(beta, prior) * beyond
+        unseen = load0 > np.fmax(3.0 * np.sqrt(sxx), UNSEEN_LOAD)
+        rise = dev - np.where(unseen, np.fmax(beta, prior), beta) * load0
         # Learn the load slope from small moves only: a fault's big rise must not teach it.
         calm = ok & (np.abs(dev) < 4.0)
         s["sxy_"] = np.where(calm, sxy + a * (dev * load - sxy), sxy)

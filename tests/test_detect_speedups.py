@@ -259,9 +259,9 @@ class ReferenceThermal(ThermalExcursions):
         beta = np.clip(sxy / np.fmax(sxx, 1e-9), 0.0, 60.0)
         beta = np.where(sxx > 1e-6, beta, 0.0)
         load0 = np.nan_to_num(load)
-        beyond = np.fmax(load0 - 3.0 * np.sqrt(sxx), 0.0)
+        unseen = load0 > np.fmax(3.0 * np.sqrt(sxx), 0.2)
         prior = np.tile(_PRIOR_SLOPE, n)
-        rise = dev - beta * (load0 - beyond) - np.fmax(beta, prior) * beyond
+        rise = dev - np.where(unseen, np.fmax(beta, prior), beta) * load0
         calm = ok & (np.abs(dev) < 4.0)
         s["sxy_"][srows] = np.where(calm, sxy + a * (dev * load - sxy), sxy)
         s["sxx_"][srows] = np.where(calm, sxx + a * (load * load - sxx), sxx)
