@@ -11,12 +11,20 @@ in ``hbmwatch.incident_scoring``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
 from hbmwatch.incident_scoring import IncidentOutcome, PagedRunLike, RunIncidents, score_run
-from hbmwatch.scoring import THERMAL_FAULTS, finite, mean, ok_text, pct, quantile, sec
+from hbmwatch.scoring import (
+    THERMAL_FAULTS,
+    CheckedReport,
+    mean,
+    ok_text,
+    pct,
+    quantile,
+    sec,
+)
 
 TARGETS = {"one_incident": 0.95, "top1": 0.9, "thermal_page_median_s": 60.0,
            "unexplained_pages_per_1000_gpu_h": 1.0, "noisy_not_heat": 1.0}  # fmt: skip
@@ -60,7 +68,7 @@ def group_stats(scenario: str, kind: str, outs: Sequence[IncidentOutcome]) -> Gr
 
 
 @dataclass
-class IncidentReport:
+class IncidentReport(CheckedReport):
     runs: int
     by_scenario: list[GroupStats]
     by_kind: dict[str, GroupStats]
@@ -75,15 +83,6 @@ class IncidentReport:
     unexplained_incidents_per_1000_gpu_h: float | None
     checks: dict[str, bool | None]
     faults: list[IncidentOutcome]
-
-    @property
-    def passed(self) -> bool:
-        return all(v is not False for v in self.checks.values())
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["passed"] = self.passed
-        return finite(out)  # type: ignore[no-any-return]
 
     def rows(self) -> list[tuple[str, ...]]:
         """Per scenario and kind, per kind ("all", with its check), then the overall lines;

@@ -316,8 +316,23 @@ class KindStats:
     top3: float | None
 
 
+class CheckedReport:
+    """A report judged by its checks: passed unless one failed (None is "not measured")."""
+
+    checks: dict[str, bool | None]
+
+    @property
+    def passed(self) -> bool:
+        return all(v is not False for v in self.checks.values())
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)  # type: ignore[call-overload]
+        out["passed"] = self.passed
+        return finite(out)  # type: ignore[no-any-return]
+
+
 @dataclass
-class EvalReport:
+class EvalReport(CheckedReport):
     """Everything ``hbmwatch eval`` prints and writes, with the checks against the targets."""
 
     runs: int
@@ -333,15 +348,6 @@ class EvalReport:
     checks: dict[str, bool | None]
     faults: list[FaultOutcome]
     incidents: list[list[str]]  # finding ids per false incident
-
-    @property
-    def passed(self) -> bool:
-        return all(v is not False for v in self.checks.values())
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["passed"] = self.passed
-        return finite(out)  # type: ignore[no-any-return]
 
     def rows(self) -> list[tuple[str, ...]]:
         """The table as text: per fault kind, then the overall lines."""
