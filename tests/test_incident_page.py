@@ -8,20 +8,19 @@ test's tmp dir) for people to look at.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import uvicorn
+from fastapi import FastAPI
 
 from api.main import create_app
+from api.server import ApiServer
 from hbmwatch.settings import Settings, StoreSettings
 from tests.conftest import Clock, make_store
 from tests.test_incident_view import P99, TEMP, THROTTLE, scenario
@@ -45,6 +44,17 @@ def require_chromium() -> None:
     pytest.skip(message)
 
 
+@contextlib.contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """``app`` over HTTP on a free 127.0.0.1 port (the API's own server), its base URL."""
+    server = ApiServer(app, "127.0.0.1", 0)
+    server.start()  # returns once it listens; waits up to 60 s on a busy machine
+    try:
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.stop(timeout=10)
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """(base URL, incident id): the pages router over a SQLite store, on a free port."""
@@ -53,21 +63,10 @@ def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
     store = make_store(url, clock)
     world = scenario(store, clock)
     app = create_app(Settings(store=StoreSettings(url=url)), store)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", world.incident_id
+        with serving(app) as base:
+            yield base, world.incident_id
     finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
         store.close()
 
 

@@ -41,6 +41,7 @@ from hbmwatch.settings import Settings, StoreSettings
 from hbmwatch.taxonomy import Cause
 from store.store import Store
 from tests.conftest import NOW, Clock, make_store
+from tests.test_incident_page import serving
 
 SVG = "{http://www.w3.org/2000/svg}"
 NOW_MS = int(NOW * 1000)
@@ -247,30 +248,13 @@ def test_the_chart_svg_is_well_formed_with_a_baseline_line(store: Store) -> None
 @pytest.fixture
 def served_busy(tmp_path: Path) -> Iterator[str]:
     """The base URL of uvicorn serving the busy incident over SQLite, on a free port."""
-    import socket
-    import threading
-    import time
-
-    import uvicorn
-
     store = make_store(f"sqlite:///{tmp_path / 'hbmwatch.db'}", Clock())
     busy_incident(store)
     app = create_app(Settings(store=StoreSettings(url=str(store.engine.url))), store)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        with serving(app) as base:
+            yield base
     finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
         store.close()
 
 
