@@ -17,6 +17,7 @@ answers, so a busy event loop there never delays an answer.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import pickle
 import threading
@@ -37,6 +38,8 @@ logger = log.get("hbmwatch.relay")
 
 #: How long the API process waits for the service's answer before giving up (a 503).
 CALL_TIMEOUT_SECONDS = 30.0
+#: Sent instead of a snapshot the API process already has.
+UNCHANGED: Any = "unchanged"
 #: Alerting's calls the API makes; nothing else crosses the pipe to the engine.
 ALERTING_CALLS = ("add_silence", "expire_silence", "acknowledge", "resolve")
 
@@ -114,8 +117,12 @@ class RelayServer:
     def _answer(self, request: tuple[Any, ...]) -> tuple[str, Any]:
         try:
             match request:
-                case ("status",):
-                    return "ok", StatusView.of(self.status)
+                case ("status", known_frame_ms):
+                    view = StatusView.of(self.status)
+                    snap = view.snapshot
+                    if snap is not None and snap.frame_end_ms == known_frame_ms:
+                        view = dataclasses.replace(view, snapshot=UNCHANGED)
+                    return "ok", view
                 case ("metrics",):
                     return "ok", list(self.registry.collect())
                 case ("alerting", str(call), args, kwargs) if call in ALERTING_CALLS:
@@ -206,7 +213,11 @@ class StatusMirror:
         self.thread = threading.Thread(target=self._run, name="hbmwatch-status", daemon=True)
 
     def refresh(self) -> None:
-        view: StatusView = self.client.call("status")
+        """Copy the service's status; the snapshot (a value per GPU) only when it is new."""
+        known = self.status.snapshot.frame_end_ms if self.status.snapshot else None
+        view: StatusView = self.client.call("status", known)
+        if view.snapshot == UNCHANGED:  # a copy across the pipe: compared by value
+            view = dataclasses.replace(view, snapshot=self.status.snapshot)
         view.apply_to(self.status)
 
     def start(self) -> None:

@@ -58,10 +58,18 @@ def test_status_reaches_the_api_process() -> None:
     service = ServiceStatus(collector_last_round_ms=lambda: 4_000, detection_interval_seconds=5)
     service.record_cycle(0.3, snap)
     mirror = ServiceStatus()
-    StatusMirror(relayed(service, CollectorRegistry(), object), mirror, lambda: None).refresh()
+    client = relayed(service, CollectorRegistry(), object)
+    status_mirror = StatusMirror(client, mirror, lambda: None)
+    status_mirror.refresh()
     assert mirror.collector_last_round_ms is not None and mirror.collector_last_round_ms() == 4_000
     assert mirror.detection_interval_seconds == 5 and mirror.last_cycle_seconds == 0.3
     assert mirror.snapshot == snap and mirror.started_at == service.started_at
+    status_mirror.refresh()  # the same frame: the snapshot is not sent again, and is kept
+    assert mirror.snapshot == snap
+    newer = FleetSnapshot(10_000, thermal_margin=[LabelledValue({"gpu": "0"}, 3.0)])
+    service.record_cycle(0.4, newer)
+    status_mirror.refresh()
+    assert mirror.snapshot == newer and mirror.last_cycle_seconds == 0.4
 
 
 def test_metrics_are_the_service_s_and_the_api_s() -> None:
