@@ -1,6 +1,10 @@
 """Load phases for a device check, as in DOMAIN.md's H200 trace: idle, HBM copy, GEMM, rest.
 
 python3 scripts/gpu_load.py --phase-seconds 15 [--idle-seconds 200] [--latency-csv FILE]
+python3 scripts/gpu_load.py --phases idle:150,copy:60,rest:90,gemm:60,rest:45
+
+``--phases`` runs the named phases in order (idle and rest sleep, copy streams HBM, gemm
+multiplies bf16 matrices until the power cap holds), so a capture can keep two loads apart.
 
 With ``--latency-csv`` a request loop (a 64 MiB copy on its own stream, timed one by one)
 runs through every phase, and each second's p50/p99 over the last 10 s and the requests in
@@ -18,14 +22,20 @@ import time
 
 import torch
 
+PHASE_WORDS = {"idle": "idle", "copy": "hbm copy", "gemm": "gemm", "rest": "rest"}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--phase-seconds", type=float, default=15.0)
     parser.add_argument("--idle-seconds", type=float, default=None)
     parser.add_argument("--latency-csv", default=None)
+    parser.add_argument("--phases", default=None, help="name:seconds,... (idle, copy, gemm, rest)")
     args = parser.parse_args()
     seconds = args.phase_seconds
+    idle = args.idle_seconds if args.idle_seconds is not None else seconds
+    default = f"idle:{idle},copy:{seconds},gemm:{seconds},rest:{seconds}"
+    phases = [(n, float(t)) for n, t in (p.split(":") for p in (args.phases or default).split(","))]
     dev = torch.device("cuda")
     stop = threading.Event()
     if args.latency_csv:
@@ -34,22 +44,19 @@ def main() -> None:
     dst = torch.empty_like(src)
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
-    print(f"{time.time():.1f} idle", flush=True)
-    time.sleep(args.idle_seconds if args.idle_seconds is not None else seconds)
-    print(f"{time.time():.1f} hbm copy", flush=True)
-    end = time.time() + seconds
-    while time.time() < end:
-        for _ in range(20):
-            dst.copy_(src)
-        torch.cuda.synchronize()
-    print(f"{time.time():.1f} gemm", flush=True)
-    end = time.time() + seconds
-    while time.time() < end:
-        for _ in range(20):
-            a @ b
-        torch.cuda.synchronize()
-    print(f"{time.time():.1f} rest", flush=True)
-    time.sleep(seconds)
+    for name, length in phases:
+        print(f"{time.time():.1f} {PHASE_WORDS[name]}", flush=True)
+        end = time.time() + length
+        if name in ("idle", "rest"):
+            time.sleep(length)
+            continue
+        while time.time() < end:
+            for _ in range(20):
+                if name == "copy":
+                    dst.copy_(src)
+                else:
+                    torch.matmul(a, b)
+            torch.cuda.synchronize()
     print(f"{time.time():.1f} done", flush=True)
     stop.set()
     time.sleep(1.5)
