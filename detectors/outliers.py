@@ -22,51 +22,35 @@ are all past their thresholds for two consecutive evaluations (``Hysteresis`` ke
 and direction), and closes after two consecutive evaluations under the exit level.  The
 forest is never persisted: the state holds the per-minute features, and a restart refits
 at the next evaluation.  One fit per group per ``every_s``: 1,024 GPUs cost about 0.2 s on
-a small machine.
+a small machine.  Steps 1 to 3 (features, residuals, scores) live in
+``detectors/peer_features.py``; this module keeps the minutes, evaluations and findings.
 """
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.ensemble import IsolationForest
 
-from detectors.base import EntityTable, Episode, Hysteresis, make_finding, nanmedian, quiet_nan
+from detectors.base import EntityTable, Episode, Hysteresis, make_finding, quiet_nan
 from detectors.frame import Frame
+from detectors.peer_features import (
+    CLOCK_RESID,
+    FEATURES,
+    MEM_RESID,
+    RAW,
+    GroupScores,
+    feature_series,
+    hot_column,
+    raw_signals,
+    score_group,
+)
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
 from hbmwatch.taxonomy import Cause, FindingKind
 
 MINUTE_MS = 60_000
-#: Per-minute raw signals, in the order of the accumulator columns.
-RAW = ("mem_temp", "hot_temp", "power", "clock", "bw", "util")
-#: Feature names (what Evidence reports), raw means first, then the peer residuals.
-FEATURES = (
-    "mem_temp_c", "hot_temp_c", "power_w", "clock_hz", "bw_ratio", "util_ratio",
-    "mem_temp_vs_peers_at_load_c", "hot_temp_vs_peers_at_load_c",
-    "power_vs_peers_at_load_w", "clock_vs_peers_at_load_ratio",
-)  # fmt: skip
-#: Smallest robust scale per feature, so a very quiet fleet does not turn 0.1 C into z=10.
-MIN_SCALE = np.array([0.5, 0.5, 5.0, np.nan, 0.02, 0.02, 0.5, 0.5, 5.0, 0.005])
-MIN_SCALE_CLOCK_FRACTION = 0.005  # of the group's median clock
-MEM_RESID, HOT_RESID, POWER_RESID, CLOCK_RESID = 6, 7, 8, 9
 DIRECTIONS = ("hot", "slow")
-
-
-@dataclass
-class _Scored:
-    """One evaluation's numbers for the GPUs of one peer group."""
-
-    keys: list[str]
-    group: str
-    values: np.ndarray  # (n, F)
-    medians: np.ndarray  # (F,)
-    z: np.ndarray  # (n, F)
-    iso: np.ndarray  # (n,)
 
 
 class FleetOutliers:
@@ -195,7 +179,7 @@ class FleetOutliers:
             return []
         for key, labels in zip(frame.gpus.keys, frame.gpus.labels, strict=True):
             self.labels_.setdefault(key, dict(labels))
-        x = _raw_signals(frame)  # (G, R, T)
+        x = raw_signals(frame)  # (G, R, T)
         rows = self.table_.rows(frame.gpus.keys)
         minutes = frame.times_ms // MINUTE_MS
         findings: dict[str, Finding] = {}
@@ -262,7 +246,7 @@ class FleetOutliers:
         mean = quiet_nan(np.nanmean, hist, axis=1)
         return np.where(seen * 2 >= self.window_, mean, np.nan)
 
-    def _score_groups(self, keys: list[str], means: np.ndarray) -> list[_Scored | None]:
+    def _score_groups(self, keys: list[str], means: np.ndarray) -> list[GroupScores | None]:
         groups: dict[str, list[int]] = {}
         for row, key in enumerate(keys):
             labels = self.labels_.get(key, {})
@@ -271,41 +255,22 @@ class FleetOutliers:
             if has_load and has_signal:
                 groups.setdefault(labels.get("sku", ""), []).append(row)
         return [
-            self._score_group(sku, [keys[r] for r in rows], means[rows])
+            score_group(
+                sku,
+                [keys[r] for r in rows],
+                means[rows],
+                neighbours=self.neighbours,
+                n_estimators=self.n_estimators,
+            )
             for sku, rows in groups.items()
             if len(rows) >= self.min_peers
         ]
 
-    def _score_group(self, group: str, keys: list[str], raw: np.ndarray) -> _Scored | None:
-        load = _fill(raw[:, 4:6])
-        near = _nearest(load, max(self.neighbours, math.ceil(0.05 * len(keys))))
-        with np.errstate(all="ignore"):
-            clock = raw[:, 3] / nanmedian(raw[:, 3]) - 1.0  # a fraction
-        ys = (raw[:, 0], raw[:, 1], raw[:, 2], clock)
-        resid = np.stack([_peer_residual(y, load, near) for y in ys], axis=1)
-        values = np.concatenate([raw, resid], axis=1)
-        usable = ~np.isnan(values).all(axis=0)
-        medians = nanmedian(values, axis=0)
-        scale = 1.4826 * nanmedian(np.abs(values - medians), axis=0)
-        floor = MIN_SCALE.copy()
-        floor[3] = MIN_SCALE_CLOCK_FRACTION * abs(float(np.nan_to_num(medians[3], nan=1.0)))
-        z = (values - medians) / np.fmax(np.nan_to_num(scale), floor)
-        X = np.nan_to_num(_fill(values[:, usable]))
-        if X.shape[1] == 0:
-            return None
-        forest = IsolationForest(
-            n_estimators=self.n_estimators, max_samples=min(256, len(X)), random_state=0
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            iso = -forest.fit(X).score_samples(X)
-        return _Scored(keys, group, values, medians, z, iso)
-
-    def _direction_scores(self, s: _Scored, i: int) -> np.ndarray:
+    def _direction_scores(self, s: GroupScores, i: int) -> np.ndarray:
         """Hot and slow, each as the least of (isolation, z, effect) over its threshold."""
         iso = s.iso[i] / self.score_enter
         z, v = s.z[i], s.values[i]
-        hot_col = _hot_column(z)
+        hot_col = hot_column(z)
         hot = min(iso, z[hot_col] / self.z_enter, v[hot_col] / self.min_temp_c)
         slow = min(iso, -z[CLOCK_RESID] / self.z_enter, -v[CLOCK_RESID] / self.min_clock_drop)
         return np.array([hot, slow], dtype=float)
@@ -316,7 +281,7 @@ class FleetOutliers:
         frame: Frame,
         keys: list[str],
         is_open: np.ndarray,
-        by_key: Mapping[str, tuple[_Scored, int]],
+        by_key: Mapping[str, tuple[GroupScores, int]],
         t_ms: int,
     ) -> list[Finding]:
         out = []
@@ -346,7 +311,7 @@ class FleetOutliers:
         key: str,
         dirs: Sequence[str],
         ep: Episode,
-        s: _Scored,
+        s: GroupScores,
         i: int,
         t_ms: int,
         end: int | None,
@@ -357,7 +322,7 @@ class FleetOutliers:
         start = t_ms - int(self.every_s * 1000)
         evidence = [
             Evidence(
-                _series(frame, key, int(c)), FEATURES[c], float(v[c]), None, start, t_ms,
+                feature_series(frame, key, int(c)), FEATURES[c], float(v[c]), None, start, t_ms,
                 note=f"robust z {z[c]:+.1f} against the {s.group} peers' median "
                 f"{s.medians[c]:.4g}",
             )
@@ -388,7 +353,7 @@ class FleetOutliers:
         """Heat first when both: a hot part's clocks often drop because it is hot."""
         causes, phrases = [], []
         if "hot" in dirs:
-            c = _hot_column(z)
+            c = hot_column(z)
             sensor = "memory" if c == MEM_RESID else "hotspot"
             phrases.append(f"runs hot: {sensor} {v[c]:+.1f} C")
             causes.append(RankedCause(Cause.THERMAL, 0.8, summary=f"{sensor} hotter than peers"))
@@ -397,71 +362,3 @@ class FleetOutliers:
             causes.append(RankedCause(Cause.CLOCK_DROP, 0.8 if not causes else 0.2,
                                       summary="compute clock under its peers'"))  # fmt: skip
         return causes, phrases
-
-
-def _hot_column(z: np.ndarray) -> int:
-    """Memory or hotspot: whichever residual stands further out decides "hot"."""
-    return MEM_RESID if np.nan_to_num(z[MEM_RESID]) >= np.nan_to_num(z[HOT_RESID]) else HOT_RESID
-
-
-def _raw_signals(frame: Frame) -> np.ndarray:
-    """(G, R, T); memory temperature falls back to the hottest HBM stack where absent."""
-    mem = frame.g("mem_temp")
-    if frame.stacks.size:
-        stack_max = quiet_nan(np.nanmax, frame.stacks, axis=1)
-        mem = np.where(np.isnan(mem), stack_max, mem)
-    return np.stack([mem, *(frame.g(name) for name in RAW[1:])], axis=1)
-
-
-def _fill(values: np.ndarray) -> np.ndarray:
-    """Missing values take their column's median (0 where a whole column is missing)."""
-    med = np.nan_to_num(nanmedian(values, axis=0))
-    return np.where(np.isnan(values), med[None, :], values)
-
-
-def _nearest(load: np.ndarray, k: int) -> np.ndarray:
-    """Rows of the ``k`` peers whose load (bandwidth, utilisation) is nearest, self excluded.
-
-    Nearest in load rather than a straight line through the group: bandwidth heats HBM
-    non-linearly, and a median of neighbours is not pulled by the outlier itself.
-    """
-    n = len(load)
-    dist = np.zeros((n, n))
-    for c in range(load.shape[1]):
-        dist += np.abs(load[:, None, c] - load[None, :, c])
-    dist[np.arange(n), np.arange(n)] = np.inf
-    k = min(k, n - 1)
-    return np.argpartition(dist, k - 1, axis=1)[:, :k]
-
-
-def _peer_residual(y: np.ndarray, load: np.ndarray, nearest: np.ndarray) -> np.ndarray:
-    """What the peers at this GPU's load do not explain about ``y``.
-
-    Two stages: a robust straight line through the group (so GPUs at the ends of the load
-    range, whose nearest peers all sit on one side, are not pushed out), then the median of
-    the nearest peers' leftovers (so a curve the line misses is not blamed on the GPU).
-    """
-    if np.isnan(y).all():
-        return np.full(len(y), np.nan)
-    r = _robust_line_residual(y, load)
-    return r - nanmedian(r[nearest], axis=1)
-
-
-def _robust_line_residual(y: np.ndarray, load: np.ndarray, rounds: int = 3) -> np.ndarray:
-    """Residual of a least-squares line on ``load`` refit without points past 3 MADs."""
-    X = np.column_stack([np.ones(len(y)), load])
-    keep = ~np.isnan(y)
-    r = y - nanmedian(y)
-    for _ in range(rounds):
-        if keep.sum() < X.shape[1] + 3:
-            break
-        beta = np.linalg.lstsq(X[keep], y[keep], rcond=None)[0]
-        r = y - X @ beta
-        mad = 1.4826 * float(nanmedian(np.abs(r[keep])))
-        keep = ~np.isnan(y) & (np.abs(r) <= 3.0 * max(mad, 1e-9))
-    return r
-
-
-def _series(frame: Frame, key: str, column: int) -> str:
-    """The series a feature comes from: a residual's is its raw signal's."""
-    return frame.series_of("gpu", key, RAW[column if column < len(RAW) else column - len(RAW)])
