@@ -5,7 +5,9 @@ temperature looks like perfect cooling; a missing one hides an excursion), so th
 findings of their own, with cause ``sensor`` or ``target_down``, that the alerting layer can
 use to inhibit or qualify the others.  Every check is vectorised over its entities and
 tracks durations across frames in its state, so a 120 s condition is seen over frames of a
-few seconds.
+few seconds.  The GPU sensor checks live in ``detectors/quality_sensors.py``, the target
+checks in ``detectors/quality_targets.py``; this module steps them, gates them, counts
+counter resets and owns the state.
 """
 
 from __future__ import annotations
@@ -16,56 +18,26 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import (
-    EntityTable,
-    Episode,
-    Hysteresis,
-    SparseGate,
-    latest,
-    make_finding,
-    quiet_nan,
+from detectors.base import EntityTable, Episode, Hysteresis, SparseGate, latest, make_finding
+from detectors.frame import Frame
+from detectors.quality_sensors import (
+    GAPS,
+    TEMPS,
+    CheckReport,
+    SensorChecks,
+    gpu_entity,
+    sensor_values,
 )
-from detectors.frame import MAX_STACKS, Frame
-from hbmwatch.records import Evidence, Finding, RankedCause, Severity
+from detectors.quality_targets import TargetChecks
+from hbmwatch.records import Evidence, Finding, RankedCause
 from hbmwatch.settings import DetectionSettings
-from hbmwatch.taxonomy import Cause, FindingKind
+from hbmwatch.taxonomy import FindingKind
 
-GPU_ENTITY = ("cluster", "rack", "host", "gpu", "sku")
-TARGET_ENTITY = ("cluster", "rack", "host", "target", "source")
-TEMPS = ("mem_temp", "hot_temp", *(f"stack{i}" for i in range(MAX_STACKS)))
-GAP_SIGNALS = ("mem_temp", "hot_temp", "power", "clock", "mem_clock", "bw", "util")
-GAPS = (*GAP_SIGNALS, *(f"stack{i}" for i in range(MAX_STACKS)))
 #: One definition: the setting's default.
 FIRST_UP_GRACE_S: float = DetectionSettings.model_fields["target_first_up_grace_seconds"].default
 
 
-def _gpu_entity(frame: Frame, gkey: str) -> dict[str, str]:
-    row = frame.gpus.index.get(gkey)
-    labels = frame.gpus.labels[row] if row is not None else {}
-    out = {k: labels[k] for k in GPU_ENTITY if labels.get(k)}
-    if not out:  # the key is cluster/host/gpu
-        cluster, host, gpu = ([*gkey.split("/"), "", ""])[:3]
-        out = {k: v for k, v in (("cluster", cluster), ("host", host), ("gpu", gpu)) if v}
-    return out
-
-
-def _series(frame: Frame, table: str, key: str, signal: str) -> str:
-    """A signal's series text; a stack's is the memory temperature's with its ``stack``."""
-    if not signal.startswith("stack"):
-        return frame.series_of(table, key, signal)
-    base = frame.series_of(table, key, "mem_temp")
-    labels = base.partition("{")[2]
-    name = "gpu_hbm_stack_temperature_celsius"
-    return f'{name}{{{labels[:-1]},stack="{signal[5:]}"}}' if labels else f"{name}{{{key}}}"
-
-
-def _values(frame: Frame, names: tuple[str, ...]) -> np.ndarray:
-    """(G, len(names), T): GPU signals, then the eight stacks."""
-    plain = [frame.g(n)[:, None, :] for n in names if not n.startswith("stack")]
-    return np.concatenate([*plain, frame.stacks], axis=1)
-
-
-class DataQuality:
+class DataQuality(SensorChecks, TargetChecks):
     """Stuck and missing sensors, targets down, counter-reset storms and sentinel values.
 
     Why: broken telemetry must be told apart from a healthy or a failing GPU.  Five checks,
@@ -184,7 +156,7 @@ class DataQuality:
                     table[f][rows] = values
 
         prow = lay.prow
-        temps, gaps = _values(frame, TEMPS), _values(frame, GAPS)
+        temps, gaps = sensor_values(frame, TEMPS), sensor_values(frame, GAPS)
         power, bw = frame.g("power"), frame.g("bw")
         scale = np.fmax(
             self.gpus_["power_scale_"][prow],
@@ -224,72 +196,6 @@ class DataQuality:
         if lay is None or lay.g_keys != g_keys or lay.t_keys != t_keys:
             lay = self._layout = _Layout.of(self, list(g_keys), list(t_keys))
         return lay
-
-    def _stuck_step(
-        self,
-        s: dict[str, np.ndarray],
-        x: np.ndarray,
-        power: np.ndarray,
-        bw: np.ndarray,
-        scale: np.ndarray,
-        t_ms: int,
-    ) -> np.ndarray:
-        k = x.shape[1]
-        x = x.ravel()
-        p, b = np.repeat(power, k), np.repeat(bw, k)
-        known = ~np.isnan(x)
-        # A value seen again after a gap (target down, dropout) restarts the clock: only time
-        # watched counts as time unchanged.  NaN never equals: the first value counts too.
-        unseen = ~(t_ms - s["seen_ms_"] <= self.gap_s * 1000)
-        changed = known & ((x != s["value_"]) | unseen)
-        s["seen_ms_"] = np.where(known, t_ms, s["seen_ms_"])
-        s["value_"] = np.where(changed, x, s["value_"])
-        s["since_ms_"] = np.where(changed, t_ms, s["since_ms_"])
-        for name, now, fn in (("pmin_", p, np.fmin), ("pmax_", p, np.fmax),
-                              ("bmin_", b, np.fmin), ("bmax_", b, np.fmax)):  # fmt: skip
-            s[name] = np.where(changed, now, fn(s[name], now))
-        with np.errstate(invalid="ignore"):
-            moved = (s["pmax_"] - s["pmin_"] >= self.power_move_frac * scale) | (
-                s["bmax_"] - s["bmin_"] >= self.bw_move
-            )
-        held_s = (t_ms - s["since_ms_"]) / 1000.0
-        return np.where(known, np.where(moved, held_s / self.stuck_s, 0.0), np.nan)
-
-    def _gap_step(self, s: dict[str, np.ndarray], x: np.ndarray, t_ms: int) -> np.ndarray:
-        """Scored only at steps where the GPU delivered something else (it is alive)."""
-        k = x.shape[1]
-        known = ~np.isnan(x)
-        alive = np.repeat(known.any(axis=1), k)
-        last = s["last_ms_"] = np.where(known.ravel(), t_ms, s["last_ms_"])
-        missing = np.where(alive & ~np.isnan(last), (t_ms - last) / 1000.0 / self.gap_s, np.nan)
-        return quiet_nan(np.nanmax, missing.reshape(-1, k), axis=1)  # one finding per GPU
-
-    def _target_step(
-        self, s: dict[str, np.ndarray], up: np.ndarray, sentinel: np.ndarray, t_ms: int
-    ) -> list[np.ndarray]:
-        known = ~np.isnan(up)
-        down = known & (up < 0.5)
-        run = np.where(down, s["down_run_"] + 1, np.where(known, 0.0, s["down_run_"]))
-        first = down & (run == 1)
-        s["down_since_ms_"] = np.where(
-            first, t_ms, np.where(known & ~down, np.nan, s["down_since_ms_"])
-        )
-        s["down_run_"] = run
-        # Not yet up: never answered and still within its grace; no data as far as the gate goes.
-        s["first_ms_"] = np.where(known & np.isnan(s["first_ms_"]), t_ms, s["first_ms_"])
-        s["ever_up_"] = np.where(known & ~down, 1.0, s["ever_up_"])
-        waiting = (s["ever_up_"] == 0) & (t_ms - s["first_ms_"] < self.first_up_grace_s * 1000)
-        down_score = np.where(known & ~waiting, run / self.min_down_scrapes, np.nan)
-        # Sentinels: an episode is a run of scrapes with drops, each within the quiet time.
-        dropped = ~np.isnan(sentinel) & (sentinel > 0)
-        last = s["last_drop_ms_"]
-        with np.errstate(invalid="ignore"):
-            quiet = np.isnan(last) | (t_ms - last >= self.sentinel_quiet_s * 1000)
-        drops = s["drops_"] = np.where(quiet, 0.0, s["drops_"]) + dropped
-        s["dropped_"] = np.where(quiet, 0.0, s["dropped_"]) + np.where(dropped, sentinel, 0.0)
-        s["drop_since_ms_"] = np.where(dropped & quiet, t_ms, s["drop_since_ms_"])
-        s["last_drop_ms_"] = np.where(dropped, t_ms, last)
-        return [down_score, drops / self.sentinel_min_scrapes]
 
     def _resets(self, frame: Frame, end_ms: int) -> list[Finding]:
         """Counter resets come per cycle: each cycle with any is one burst."""
@@ -345,16 +251,6 @@ class DataQuality:
             since = min((e[0] for e in self.resets_.get(ekey, [])), default=t_ms)
         return int(since) if not np.isnan(since) else t_ms
 
-    def _missing(self, gkey: str, t_ms: int) -> list[tuple[str, float]]:
-        """The GPU's signals missing for ``gap_s`` or more now, with when each was last seen."""
-        out = []
-        for sig in GAPS:
-            row = self.seen_.index.get(f"{gkey}|{sig}")
-            last = float(self.seen_["last_ms_"][row]) if row is not None else np.nan
-            if t_ms - last >= self.gap_s * 1000:
-                out.append((sig, last))
-        return out
-
     @staticmethod
     def _present(frame: Frame, key: str) -> bool:
         check, ekey, _ = key.split("|")
@@ -365,104 +261,39 @@ class DataQuality:
     def _finding(self, frame: Frame, key: str, t_ms: int, end: int | None = None) -> Finding:
         check, ekey, sub = key.split("|")
         ep = self.open_.episodes.get(key) or Episode(t_ms, t_ms)
-        start = ep.started_ms
-        severity, cause = Severity.WARNING, Cause.SENSOR
         if check == "stuck":
-            row = self.stuck_.index[f"{ekey}|{sub}"]
-            s = self.stuck_
-            held = (t_ms - start) / 1000.0  # until now, or until the value changed
-            value = float(ep.extra.setdefault("value", float(s["value_"][row])))
-            scale = float(self.gpus_["power_scale_"][self.gpus_.index[ekey]])
-            evidence = [
-                Evidence(_series(frame, "gpu", ekey, sub), "unchanged_for_s", held, self.stuck_s,
-                         start, t_ms, note=f"held at {value:g}"),
-                Evidence(frame.series_of("gpu", ekey, "power"), "power_range_w",
-                         _f(s["pmax_"][row] - s["pmin_"][row]),
-                         _f(self.power_move_frac * scale), start, t_ms),
-                Evidence(frame.series_of("gpu", ekey, "bw"), "bandwidth_range_ratio",
-                         _f(s["bmax_"][row] - s["bmin_"][row]), self.bw_move, start, t_ms),
-            ]  # fmt: skip
-            verb = "was stuck" if end is not None else "stuck"
-            summary = f"{sub} {verb} at {value:g} for {held:.0f} s while the GPU's load moved"
-            entity = {**_gpu_entity(frame, ekey), "signal": sub}
+            report = self._stuck_report(frame, ekey, sub, ep, t_ms, end)
         elif check == "gap":
-            missing = self._missing(ekey, t_ms)
-            if missing:  # at the close the signals are back: keep what was last missing
-                ep.extra["missing"] = {sig: [last, t_ms] for sig, last in missing}
-            gone = ep.extra.get("missing", {})
-            if end is not None:  # all back now: each was missing until this step
-                gone = {sig: [last, t_ms] for sig, (last, _) in gone.items()}
-            evidence = [
-                Evidence(_series(frame, "gpu", ekey, sig), "missing_for_s", (to - last) / 1000,
-                         self.gap_s, int(last), int(to), note="the GPU's other signals arrive")
-                for sig, (last, to) in sorted(gone.items())
-            ]  # fmt: skip
-            names = ", ".join(sorted(gone)) or "signals"
-            took = (t_ms - start) / 1000
-            summary = (
-                f"{names} missing for {took:.0f} s while the GPU still reports"
-                if end is None
-                else f"{names} back after {took:.0f} s missing"
-            )
-            entity = _gpu_entity(frame, ekey)
+            report = self._gap_report(frame, ekey, ep, t_ms, end)
         elif check == "target_down":
-            row = self.targets_.index[ekey]
-            ep.peak = max(ep.peak, float(self.targets_["down_run_"][row]))
-            run = ep.peak
-            evidence = [
-                Evidence(frame.series_of("tgt", ekey, "up"), "consecutive_down_scrapes", run,
-                         float(self.min_down_scrapes), start, t_ms),
-            ]  # fmt: skip
-            summary = f"target {ekey} down for {(t_ms - start) / 1000:.0f} s ({run:.0f} scrapes)"
-            entity = self._target_entity(frame, ekey)
-            cause = Cause.TARGET_DOWN
+            report = self._target_down_report(frame, ekey, ep, t_ms)
         elif check == "sentinel":
-            row = self.targets_.index[ekey]
-            ep.peak = max(ep.peak, float(self.targets_["drops_"][row]))
-            ep.extra["dropped"] = max(
-                ep.extra.get("dropped", 0.0), float(self.targets_["dropped_"][row])
-            )
-            drops, dropped = ep.peak, ep.extra["dropped"]
-            lasted = (t_ms - start) / 1000.0
-            sustained = lasted >= self.sentinel_sustained_s
-            severity = Severity.WARNING if sustained else Severity.INFO
-            evidence = [
-                Evidence(frame.series_of("tgt", ekey, "sentinel"), "scrapes_with_sentinels",
-                         drops, float(self.sentinel_min_scrapes), start, t_ms,
-                         note=f"{dropped:g} sentinel values dropped"),
-                Evidence(frame.series_of("tgt", ekey, "sentinel"), "sentinels_lasted_s", lasted,
-                         self.sentinel_sustained_s, start, t_ms),
-            ]  # fmt: skip
-            summary = f"target {ekey} sends 'not supported' sentinels ({dropped:g} dropped)"
-            entity = self._target_entity(frame, ekey)
+            report = self._sentinel_report(frame, ekey, ep, t_ms)
         else:
-            events = self.resets_.get(ekey, [])
-            total = sum(e[1] for e in events)
-            window_start = int(t_ms - self.reset_window_s * 1000)
-            evidence = [
-                Evidence(f"counter resets on {ekey}", "cycles_with_counter_resets",
-                         float(len(events)), float(self.max_reset_bursts), window_start, t_ms,
-                         note=f"{total} counter series reset"),
-            ]  # fmt: skip
-            summary = (
-                f"{len(events)} cycles with counter resets in {self.reset_window_s:.0f} s "
-                f"({total} series): exporter or driver restarts"
-            )
-            entity = _gpu_entity(frame, ekey)
+            report = self._resets_report(frame, ekey, t_ms)
+        entity = report.entity
         entity["check"] = check
         return make_finding(
-            kind=FindingKind.DATA_QUALITY, detector=self.name, entity=entity, severity=severity,
-            summary=summary, started_ms=start, raised_ms=ep.raised_ms, updated_ms=t_ms,
-            ended_ms=end, evidence=evidence, causes=[RankedCause(cause, 0.9, summary=summary)],
+            kind=FindingKind.DATA_QUALITY, detector=self.name, entity=entity,
+            severity=report.severity, summary=report.summary, started_ms=ep.started_ms,
+            raised_ms=ep.raised_ms, updated_ms=t_ms, ended_ms=end, evidence=report.evidence,
+            causes=[RankedCause(report.cause, 0.9, summary=report.summary)],
         )  # fmt: skip
 
-    @staticmethod
-    def _target_entity(frame: Frame, tkey: str) -> dict[str, str]:
-        row = frame.targets.index.get(tkey)
-        labels = frame.targets.labels[row] if row is not None else {}
-        out = {k: labels[k] for k in TARGET_ENTITY if labels.get(k)}
-        out["target"] = tkey
-        return out
+    def _resets_report(self, frame: Frame, ekey: str, t_ms: int) -> CheckReport:
+        events = self.resets_.get(ekey, [])
+        total = sum(e[1] for e in events)
+        window_start = int(t_ms - self.reset_window_s * 1000)
+        evidence = [
+            Evidence(f"counter resets on {ekey}", "cycles_with_counter_resets",
+                     float(len(events)), float(self.max_reset_bursts), window_start, t_ms,
+                     note=f"{total} counter series reset"),
+        ]  # fmt: skip
+        summary = (
+            f"{len(events)} cycles with counter resets in {self.reset_window_s:.0f} s "
+            f"({total} series): exporter or driver restarts"
+        )
+        return CheckReport(evidence, summary, gpu_entity(frame, ekey))
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -519,7 +350,3 @@ def _rowmax(a: np.ndarray) -> np.ndarray:
     has = ~np.isnan(a).all(axis=1)
     out[has] = np.nanmax(a[has], axis=1)
     return out
-
-
-def _f(value: float) -> float:
-    return float(np.nan_to_num(value))
