@@ -13,7 +13,8 @@ from typing import NamedTuple
 import numpy as np
 
 from detectors.base import EntityTable, Episode, quiet_nan
-from detectors.frame import MAX_STACKS, Frame
+from detectors.frame import Frame
+from detectors.signals import MAX_STACKS
 from hbmwatch.records import Evidence, Severity
 from hbmwatch.taxonomy import Cause
 

@@ -49,8 +49,9 @@ from detectors.base import (
     nanmedian,
     quiet_nan,
 )
-from detectors.frame import MAX_STACKS, Frame
+from detectors.frame import Frame
 from detectors.scorers import TrendBaseline, decay, group_median_columns
+from detectors.signals import MAX_STACKS
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
 from hbmwatch.skus import Sku, lookup
 from hbmwatch.taxonomy import Cause, FindingKind

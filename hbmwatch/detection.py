@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from detectors.base import Detector
-from detectors.frame import WATCHED_METRICS, Frame, FrameBuilder, route
+from detectors.frame import Frame
+from detectors.frame_builder import FrameBuilder
+from detectors.signals import WATCHED_METRICS, route
 from hbmwatch import log
 from hbmwatch.records import Finding
 from store.feed import RecentSamples, SampleBlock

@@ -9,9 +9,10 @@ import pytest
 
 from detectors.base import make_finding
 from detectors.context import Context
-from detectors.frame import MAX_STACKS, Entities, Frame
+from detectors.frame import Entities, Frame
 from detectors.leadlag import lagged_corr as _lagged_corr
 from detectors.rootcause import RootCause
+from detectors.signals import MAX_STACKS
 from hbmwatch.records import RankedCause, Severity
 from hbmwatch.taxonomy import Cause, FindingKind
 

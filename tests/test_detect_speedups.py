@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from detectors.base import Episode, Hysteresis, latest, nanmedian, quiet_nan
-from detectors.frame import MAX_STACKS, Entities, Frame
+from detectors.frame import Entities, Frame
 from detectors.scorers import TrendBaseline, decay, group_median, group_median_columns
+from detectors.signals import MAX_STACKS
 from detectors.thermal import (
     _PRIOR_SLOPE,
     DEFAULT_LIMITS,

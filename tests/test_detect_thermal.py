@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from detectors.frame import MAX_STACKS, Entities, Frame
+from detectors.frame import Entities, Frame
+from detectors.signals import MAX_STACKS
 from detectors.thermal import ThermalExcursions
 from hbmwatch.records import Finding, Severity
 from hbmwatch.skus import lookup

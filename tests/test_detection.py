@@ -7,7 +7,7 @@ import numpy as np
 from detectors import default_detectors
 from detectors.base import make_finding
 from detectors.context import Context
-from detectors.frame import WATCHED_METRICS, route
+from detectors.signals import WATCHED_METRICS, route
 from hbmwatch.detection import DetectionRunner
 from hbmwatch.records import Evidence, RankedCause, Sample, SeriesKey, Severity
 from hbmwatch.taxonomy import Cause, FindingKind

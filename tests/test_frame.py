@@ -5,19 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.frame import (
-    _HOW,
-    MAX_STACKS,
-    SIGNALS,
-    TABLES,
-    WRAPS,
-    Entities,
-    Frame,
-    FrameBuilder,
-    SeriesIndex,
-    _stable_order,
-    counter_deltas,
-)
+from detectors.frame import TABLES, Entities, Frame, SeriesIndex
+from detectors.frame_builder import WRAPS, FrameBuilder, _stable_order, counter_deltas
+from detectors.signals import MAX_STACKS, SIGNAL_REDUCTION, SIGNALS
 from hbmwatch.records import SeriesKey
 from store.feed import SampleBlock
 
@@ -220,7 +210,7 @@ class ReferenceBuilder(FrameBuilder):
                 frame.stacks[rows[s], self._cols["_stack"][s], c] = v
             else:
                 shape = (len(tables[table]), frame.steps)
-                out[table][signal] = _ref_reduce(_HOW[signal], shape, rows[s], c, v)
+                out[table][signal] = _ref_reduce(SIGNAL_REDUCTION[signal], shape, rows[s], c, v)
 
 
 def _ref_reduce(how: str, shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray,

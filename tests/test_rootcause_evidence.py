@@ -8,8 +8,9 @@ import numpy as np
 
 from detectors.base import make_finding
 from detectors.context import Context
-from detectors.frame import MAX_STACKS, Entities, Frame
+from detectors.frame import Entities, Frame
 from detectors.rootcause import RootCause
+from detectors.signals import MAX_STACKS
 from hbmwatch.records import (
     NO_EVIDENCE,
     UNEVIDENCED_MAX,
