@@ -74,6 +74,8 @@ CANDIDATES: dict[Cause, tuple[str, ...]] = {
 #: A mechanism rather than a root cause: it ranks under the cause that explains it.
 WEIGHT = {Cause.CLOCK_DROP: 0.5, Cause.MEMORY_BANDWIDTH: 0.7}
 SAME_GPU_ONLY = (Cause.CO_TENANT, Cause.MEMORY_BANDWIDTH)
+#: A signal measured over a detector's learned baseline -> the raw signal it stands on.
+OWN_BASELINE = {"bw_dev": "bw"}
 #: Heat slows work only through throttling: a rise with no throttle is weak evidence.
 MECHANISM_FREE = {"thermal_rise": 0.3}
 #: A cause that started after the regression explains it poorly: weighed down, never first.
@@ -198,6 +200,11 @@ class RootCause:
         lo, cut, start, now = span
         signal, stat, ref = REFS[name]
         times, values = frame.context.window("gpu", keys, signal, lo, now)
+        if signal in OWN_BASELINE and np.isnan(values[:, times < cut]).all():
+            # The detector's own baseline was not learned before the regression (a GPU seen
+            # minutes ago): the raw signal against the regression's baseline window stands in.
+            signal = OWN_BASELINE[signal]
+            times, values = frame.context.window("gpu", keys, signal, lo, now)
         if values.size == 0 or np.isnan(values).all():
             return Measured(0.0)
         base, inc = values[:, times < cut], values[:, times >= cut]
