@@ -20,14 +20,8 @@ from detectors.base import Episode, Hysteresis, latest, nanmedian, quiet_nan
 from detectors.frame import Entities, Frame
 from detectors.scorers import TrendBaseline, decay, group_median, group_median_columns
 from detectors.signals import MAX_STACKS
-from detectors.thermal import (
-    _PRIOR_SLOPE,
-    DEFAULT_LIMITS,
-    N_SENSORS,
-    SENSORS,
-    ThermalExcursions,
-    _Trace,
-)
+from detectors.thermal import ThermalExcursions
+from detectors.thermal_layout import DEFAULT_LIMITS, N_SENSORS, PRIOR_SLOPE, SENSORS, Trace
 from hbmwatch.records import Finding
 from hbmwatch.skus import lookup
 from store.feed import RecentSamples, SampleBlock
@@ -225,14 +219,14 @@ class ReferenceThermal(ThermalExcursions):
             )
             scores[:, i] = score
             self.rate_.learn_one(frows, gpu_rise, t_ms)
-            trace = _Trace(x, rise, excess, limits)
+            trace = Trace(x, rise, excess, limits)
             findings += self._ref_step_gpus(frame, i, t_ms, score, trace)
             is_open = self.gpu_open_.is_open(frame.gpus.keys)
             findings += self._ref_step_racks(frame, t_ms, gpu_rise)
         frame.derived["thermal_rise"] = quiet_nan(np.nanmax, rise, axis=1)
         frame.derived["bw_dev"] = bw_dev
         frame.scores[self.name] = scores
-        findings += self._ref_refresh_open(frame, _Trace(x, rise, excess, limits))
+        findings += self._ref_refresh_open(frame, Trace(x, rise, excess, limits))
         return latest(findings)
 
     def _ref_limits(self, frame: Frame) -> np.ndarray:
@@ -261,7 +255,7 @@ class ReferenceThermal(ThermalExcursions):
         beta = np.where(sxx > 1e-6, beta, 0.0)
         load0 = np.nan_to_num(load)
         unseen = load0 > np.fmax(3.0 * np.sqrt(sxx), 0.2)
-        prior = np.tile(_PRIOR_SLOPE, n)
+        prior = np.tile(PRIOR_SLOPE, n)
         rise = dev - np.where(unseen, np.fmax(beta, prior), beta) * load0
         calm = ok & (np.abs(dev) < 4.0)
         s["sxy_"][srows] = np.where(calm, sxy + a * (dev * load - sxy), sxy)
@@ -308,7 +302,7 @@ class ReferenceThermal(ThermalExcursions):
         return score, gpu_rise
 
     def _ref_step_gpus(
-        self, frame: Frame, i: int, t_ms: int, score: np.ndarray, trace: _Trace
+        self, frame: Frame, i: int, t_ms: int, score: np.ndarray, trace: Trace
     ) -> list[Finding]:
         keys = frame.gpus.keys
         opened, closed = self.gpu_open_.step(keys, score, t_ms)
@@ -357,7 +351,7 @@ class ReferenceThermal(ThermalExcursions):
             self.rack_open_.episodes.pop(key, None)
         return out
 
-    def _ref_refresh_open(self, frame: Frame, trace: _Trace) -> list[Finding]:
+    def _ref_refresh_open(self, frame: Frame, trace: Trace) -> list[Finding]:
         last = frame.steps - 1
         t_ms = int(frame.times_ms[last])
         out = []
@@ -527,7 +521,7 @@ def reference_worst_sensor(
 
 
 def test_worst_sensor_and_number_cleaning_equal_the_numpy_forms() -> None:
-    from detectors.thermal import _f
+    from detectors.thermal_findings import _f
 
     det = ThermalExcursions()
     rng = np.random.default_rng(11)
