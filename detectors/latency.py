@@ -279,7 +279,7 @@ class LatencyRegressions:
             judged, cold, cus, (trace.p99[:, i], base, trace.res[:, i]), is_open
         )
         score = np.where(np.isnan(x), np.nan, np.nan_to_num(score, nan=0.0))  # warm-up: 0.0
-        score = self._persist(rows, score, effect, cold, is_open, t_ms)
+        score = self._persist(rows, score, judged, is_open, t_ms)
         trace.excess[:, i] = judged
         trace.base[:, i] = np.where(np.isnan(judged), np.nan, base)
         trace.base50[:, i] = np.exp(self.wl_["p50_"][rows.wl])
@@ -347,8 +347,7 @@ class LatencyRegressions:
         self,
         rows: _Rows,
         score: np.ndarray,
-        effect: np.ndarray,
-        cold: np.ndarray,
+        dev: np.ndarray,
         is_open: np.ndarray,
         t_ms: int,
     ) -> np.ndarray:
@@ -358,13 +357,15 @@ class LatencyRegressions:
         clock; steps without data neither earn nor stop it, the next one earns the time
         since), so a constant effect pages after exactly ``hold_s`` and a varying one after
         the time its effects add up to.  Open workloads pass through: closing is hysteresis.
+        The ratio is p99 over its baseline (``dev`` is its log): the bucket gate decides
+        whether a rise counts, not how large it is, since vLLM's coarse buckets (2.5-5 s)
+        read a 22x first-token p99 as under 2 buckets, which held it 75 s like a 1.9x one.
         """
         t, wrows = self.wl_, rows.wl
         since, at, earned = t["since_"][wrows], t["at_"][wrows], t["earned_"][wrows]
         known = ~np.isnan(score)
         over = known & (score >= 1.0) & ~is_open
-        need = np.where(cold, self.cold_ratio, self.min_ratio)
-        ratio = 1.0 + np.fmax(np.nan_to_num(effect), 0.0) * (need - 1.0)
+        ratio = np.exp(np.fmax(np.nan_to_num(dev), 0.0))
         elapsed = np.nan_to_num((t_ms - at) / 1000.0)  # 0 on the first step over
         earned = np.where(over, earned + elapsed / self.hold_s(ratio), np.where(known, 0.0, earned))
         since = np.where(over, np.where(np.isnan(since), t_ms, since),
