@@ -242,6 +242,10 @@ def eval_(
     random_start: Annotated[
         bool, typer.Option(help="Start each run at a random hour drawn from its scenario and seed.")
     ] = False,
+    http_scrape: Annotated[
+        bool,
+        typer.Option(help="Scrape the simulated fleet over loopback HTTP (default: in-process)."),
+    ] = False,
 ) -> None:
     """Run scenarios through collector, store, detectors, alerting and delivery; score the
     findings and the incidents and pages against ground truth."""
@@ -264,7 +268,8 @@ def eval_(
     try:
         results = evaluation.evaluate(scenarios, seeds, jobs=jobs, duration_s=duration,
                                       done=done, start_hour=start_hour,
-                                      random_start=random_start)  # fmt: skip
+                                      random_start=random_start,
+                                      http_scrape=http_scrape)  # fmt: skip
     except (HbmwatchError, ValueError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc

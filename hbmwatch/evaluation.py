@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -25,7 +26,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from collector.engine import BatchingSink, ScrapeEngine
 from collector.spool import Spool
@@ -37,6 +38,7 @@ from hbmwatch.detection import CycleReport, DetectionRunner
 from hbmwatch.eval_pager import Pager, PagerRecord
 from hbmwatch.records import Finding
 from hbmwatch.settings import CollectorSettings, StoreSettings
+from simulator.inprocess import InProcessServer
 from simulator.runner import Simulation
 from simulator.scenario import Scenario, load_scenario
 from simulator.server import SimServer
@@ -80,10 +82,12 @@ async def run_scenario(
     on_cycle: Callable[[Store, CycleReport], Awaitable[None]] | None = None,
     start_unix: float | None = None,
     page: bool = False,
+    http_scrape: bool = False,
 ) -> RunResult:
     """One scenario through the real path; ``on_cycle`` sees each detection cycle's report,
     ``start_unix`` moves the simulated clock, ``page`` runs alerting and delivery too
-    (``hbmwatch eval`` does; off by default, so a caller's own alerting has the store alone)."""
+    (``hbmwatch eval`` does; off by default, so a caller's own alerting has the store alone),
+    ``http_scrape`` serves the fleet over loopback HTTP instead of in-process."""
     start = scenario.start.timestamp() if scenario.start else EVAL_START.timestamp()
     start = start if start_unix is None else start_unix
     sim = Simulation(scenario, seed=seed, start_unix=start)
@@ -96,8 +100,9 @@ async def run_scenario(
         upgrade(engine)
         engine.dispose()
         store = Store(create_store_engine(url), StoreSettings(url=url), clock=clock)
-        server = SimServer(sim, base_port=0)
+        server = SimServer(sim) if http_scrape else InProcessServer(sim)
         served = await server.start()
+        transport = server.transport() if isinstance(server, InProcessServer) else None
         settings = CollectorSettings(flush_samples=10**9)
         targets = [
             Target(
@@ -112,7 +117,9 @@ async def run_scenario(
         sink = BatchingSink(
             SpoolingWriter(store.write, Spool(folder / "spool", 2**30)), 10**9, 3600.0
         )
-        collector = ScrapeEngine(TargetSet(settings, targets), sink, settings, clock=clock)
+        collector = ScrapeEngine(
+            TargetSet(settings, targets), sink, settings, clock=clock, transport=transport
+        )
         runner = DetectionRunner(
             store, default_detectors(), context=Context(), clock=clock, state_every_seconds=600
         )
@@ -214,16 +221,34 @@ def _interval(kind: str, workload_scrape_s: float) -> float:
     return 1.0 if kind in ("dme", "dcgm") else workload_scrape_s
 
 
+def hourly_progress(label: str, stream: TextIO | None = None) -> Callable[[float, float], None]:
+    """A ``progress`` that prints one line per simulated hour reached (a day-long run takes
+    long enough that silence looks like a hang); runs under an hour print nothing."""
+    printed = {"hour": 0}
+    started = time.perf_counter()
+
+    def report(t: float, end_t: float) -> None:
+        hour = int(t // 3600)
+        if hour > printed["hour"]:
+            printed["hour"] = hour
+            wall = time.perf_counter() - started
+            print(f"{label}: simulated hour {hour} of {end_t / 3600:.1f} reached after "
+                  f"{wall:.0f} s of wall time", file=stream or sys.stderr, flush=True)  # fmt: skip
+
+    return report
+
+
 def _run_one(
     source: str, seed: int | None, duration_s: float | None, hour: float | None = None,
-    random_hour: bool = False,
+    random_hour: bool = False, http_scrape: bool = False,
 ) -> RunResult:  # fmt: skip
     scenario = load_scenario(source)
     seed_used = scenario.seed if seed is None else seed
     start = start_time(scenario.name, seed_used, hour=hour, random_hour=random_hour)
-    result = asyncio.run(
-        run_scenario(scenario, seed=seed, duration_s=duration_s, start_unix=start, page=True)
-    )
+    progress = hourly_progress(f"{scenario.name} seed {seed_used}")
+    running = run_scenario(scenario, seed=seed, duration_s=duration_s, start_unix=start,
+                           page=True, progress=progress, http_scrape=http_scrape)  # fmt: skip
+    result = asyncio.run(running)
     result.cycles_detail = []  # the per-cycle reports stay in the worker
     return result
 
@@ -243,14 +268,16 @@ def evaluate(
     done: Callable[[RunResult], None] | None = None,
     start_hour: float | None = None,
     random_start: bool = False,
+    http_scrape: bool = False,
 ) -> list[RunResult]:
     """Every scenario at every seed, ``jobs`` runs at a time in worker processes; each run
-    starts at ``start_hour`` of the simulated day, or a seeded random hour."""
+    starts at ``start_hour`` of the simulated day, or a seeded random hour; ``http_scrape``
+    scrapes the fleet over loopback HTTP (the default is in-process, same pages)."""
     plan = [(s, seed) for s in sources for seed in seeds]
     for source, _ in plan:
         load_scenario(source)  # a bad name or file fails before any run starts
     start_time("check", None, hour=start_hour)  # a bad hour fails before any run starts
-    when = (start_hour, random_start)
+    when = (start_hour, random_start, http_scrape)
     results: list[RunResult] = []
     if jobs <= 1:
         for source, seed in plan:

@@ -21,6 +21,8 @@ from simulator.workloads import Workloads
 SENSOR_NOISE_C = 0.3  # read noise before the sensor rounds to whole degrees
 
 Readings = dict[str, np.ndarray]
+#: DME temperature families and the dropout column (0 memory, 1 hotspot) that hides them.
+DME_SENSORS = {"gpu_memory_temperature": 0, "gpu_hbm_temperature": 0, "gpu_junction_temperature": 1}
 
 
 def fmt(value: float) -> str:
@@ -200,15 +202,11 @@ class Exposition:
     ) -> list[tuple[str, float]]:
         p = self.physics
         rows: list[tuple[str, float]] = []
+        sensor = DME_SENSORS.get(family.name)  # a temperature that a dropout hides
         for g in gpus:
             for part, labels in enumerate(self._dme_labels[g]):
                 if family.physical and part > 0:
                     continue  # CPX: physical sensors are reported on partition 0 only
-                sensor = {
-                    "gpu_memory_temperature": 0,
-                    "gpu_hbm_temperature": 0,
-                    "gpu_junction_temperature": 1,
-                }.get(family.name)
                 if sensor is not None and dropout[g, sensor]:
                     continue
                 if family.name == "gpu_hbm_temperature":
@@ -298,20 +296,23 @@ class Exposition:
             help = family.help if family else "Current clock event reasons (bitmask)."
             rows = [(self._dcgm_labels[g], value(g)) for g in node.gpus]
             self._family(out, name(old), help, kind, rows)
+        labels = [self._dcgm_labels[g] for g in node.gpus]
+        links = range(dcgm.NVLINK_LINKS)
+        # Per link, as Python floats in one conversion each (a numpy scalar per row cost
+        # most of the page): (link, gpu) tables of the error counters and of the bandwidth.
+        gpus = list(node.gpus)
+        errors = p.fabric_errors[gpus][:, : dcgm.NVLINK_LINKS].astype(float).transpose(2, 1, 0)
+        bandwidth = np.floor(p.fabric_bytes[gpus][:, : dcgm.NVLINK_LINKS].sum(axis=2)).T
         for kind, error in (("CRC_FLIT", 0), ("REPLAY", 1)):
-            for link in range(dcgm.NVLINK_LINKS):
+            table = errors[error].tolist()
+            for link in links:
                 old = f"DCGM_FI_DEV_NVLINK_{kind}_ERROR_COUNT_L{link}"
-                rows = [
-                    (self._dcgm_labels[g], float(p.fabric_errors[g, link, error]))
-                    for g in node.gpus
-                ]
+                rows = list(zip(labels, table[link], strict=True))
                 self._family(out, name(old), dcgm.BY_NAME[old].help, "counter", rows)
-        for link in range(dcgm.NVLINK_LINKS):
+        table = bandwidth.astype(float).tolist()
+        for link in links:
             old = f"DCGM_FI_DEV_NVLINK_BANDWIDTH_L{link}"
-            rows = [
-                (self._dcgm_labels[g], float(np.floor(p.fabric_bytes[g, link].sum())))
-                for g in node.gpus
-            ]
+            rows = list(zip(labels, table[link], strict=True))
             self._family(out, name(old), dcgm.BY_NAME[old].help, "counter", rows)
         return "\n".join(out) + "\n"
 
