@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import signal
 import subprocess
 import time
@@ -125,7 +126,8 @@ def alert_of(a: Mapping[str, Any]) -> Alert:
         severity=Severity(a["severity"]), finding_id=a["finding_id"],
         started_ms=_ms(a["started_at"]) or 0, updated_ms=_ms(a["updated_at"]) or 0,
         firing_ms=_ms(a.get("firing_at")), resolved_ms=_ms(a.get("resolved_at")),
-        incident_id=a.get("incident_id"),
+        incident_id=a.get("incident_id"), silenced_by=tuple(a["silenced_by"]),
+        inhibited_by=tuple(a["inhibited_by"]),
     )  # fmt: skip
 
 
@@ -269,10 +271,15 @@ def run_default(service: Service, receiver: RecordingReceiver) -> UpRun:
 def summary(run: UpRun, scored: RunIncidents) -> list[str]:
     """One line per fault and per incident no fault accounts for: what on-call got."""
     lines = []
+    truths = {t["id"]: fault_truth(t) for t in run.truth.get("faults", [])}
     for o in scored.outcomes:
         delay = "never" if o.page_delay_s is None else f"{o.page_delay_s:.0f} s"
+        mine = [a for a in run.pager.alerts.values()
+                if any(covers(f, truths[o.fault_id]) for f in fired_alerts([a]))]  # fmt: skip
+        muted = sum(a.muted for a in mine)
         lines.append(f"{o.fault_id} ({o.kind}, expect {o.expected_cause}): incidents "
-                     f"{o.incidents} merged with {o.merged_with}; paged after {delay}; "
+                     f"{o.incidents} merged with {o.merged_with}; paged after {delay} "
+                     f"({muted} of {len(mine)} covering alerts muted); "
                      f"title {o.title!r}; causes {o.causes[:3]}; names entity "
                      f"{o.names_entity}; evidence {o.has_evidence}")  # fmt: skip
     for inc_id in sorted(others(run)):
@@ -287,6 +294,32 @@ def summary(run: UpRun, scored: RunIncidents) -> list[str]:
                  f"incidents {scored.incidents}, unexplained {scored.unexplained_incidents}; "
                  f"healthy GPU-h {scored.healthy_gpu_hours:.1f}")  # fmt: skip
     return lines
+
+
+FALLING_BEHIND = re.compile(r"collector falling behind.*?late_scrapes=(\d+) skipped_ticks=(\d+)")
+
+
+def collector_health(log: Path) -> str:
+    """What the service's log says of its own pace: a starved machine shows here first (late
+    scrapes turn into target-down incidents, skipped ticks into gaps), not as a product bug."""
+    text = log.read_text(errors="replace")
+    late = skipped = 0
+    for m in FALLING_BEHIND.finditer(text):
+        late, skipped = late + int(m.group(1)), skipped + int(m.group(2))
+    return (f"collector: {late} late scrapes, {skipped} skipped ticks, "
+            f"{text.count('store is back')} store outages (up.log)")  # fmt: skip
+
+
+def dump(run: UpRun, path: Path) -> None:
+    """The whole record, for reading a failure afterwards."""
+    record = {
+        "truth": run.truth,
+        "notifications": [dataclasses.asdict(n) for n in run.pager.notifications],
+        "alerts": [dataclasses.asdict(a) for a in run.pager.alerts.values()],
+        "incidents": {i: [(ms, inc.title, inc.state, [c.cause for c in inc.causes])
+                          for ms, inc in v] for i, v in run.pager.incidents.items()},
+    }  # fmt: skip
+    path.write_text(json.dumps(record, indent=1, default=str))
 
 
 def others(run: UpRun) -> set[str]:
@@ -325,7 +358,8 @@ def test_up_default_opens_one_incident_per_fault_and_none_other(
     service, receiver = up
     run = run_default(service, receiver)
     scored = score_run(run)
-    lines = summary(run, scored)
+    dump(run, tmp_path / "soak-record.json")
+    lines = [*summary(run, scored), collector_health(service.log)]
     (tmp_path / "soak-summary.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     assert len(scored.outcomes) == 5, "the default scenario injects five faults"
@@ -410,6 +444,7 @@ def test_the_verdict_passes_one_right_incident_per_fault_and_fails_each_breach()
     alerts = [_fault_alert(t, i, f"inc-{i}") for i, t in enumerate(faults)]
     run = _run(truth, alerts, right)
     assert problems(run, score_run(run)) == []
+    assert len(summary(run, score_run(run))) == len(faults) + 1
     # Two faults of different causes in one incident: both count against.
     merged = [*alerts[:-1], dataclasses.replace(alerts[-1], incident_id="inc-3")]
     run = _run(truth, merged, {k: v for k, v in right.items() if k != "inc-4"})
@@ -422,3 +457,4 @@ def test_the_verdict_passes_one_right_incident_per_fault_and_fails_each_breach()
     healthy = dataclasses.replace(alerts[0], id="a9", incident_id="inc-9", labels=elsewhere)
     run = _run(truth, [*alerts, healthy], right | {"inc-9": "thermal"})
     assert problems(run, score_run(run)) == ["incident inc-9 covers no fault"]
+    assert summary(run, score_run(run))[len(faults)].startswith("other incident inc-9")
