@@ -364,7 +364,9 @@ def test_up_default_opens_one_incident_per_fault_and_none_other(
     print("\n".join(lines))
     assert len(scored.outcomes) == 5, "the default scenario injects five faults"
     found = problems(run, scored)
-    assert not found, "\n".join(["what was wrong:", *found, "what on-call got:", *lines])
+    # The collector's pace first: on a starved machine the failures below follow from it.
+    assert not found, "\n".join([lines[-1], "what was wrong:", *found, "what on-call got:",
+                                 *lines[:-1]])  # fmt: skip
 
 
 # -- the reading and the verdict, checked fast (not soak) -----------------------------------
