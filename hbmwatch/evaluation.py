@@ -1,9 +1,11 @@
 """``hbmwatch eval``: scenarios through the real collector, store and detectors, scored.
 
-Each run serves a scenario's simulated fleet over HTTP on 127.0.0.1 and steps it in
-lockstep with the collector: one simulation step, one scrape round of every target that is
-due (exporters every step, latency pages every ``workload_scrape_s``; the real scrape
-engine, parsers and spool-backed writer into a fresh SQLite store), and every
+Each run serves a scenario's simulated fleet in-process (an httpx transport answers the
+collector's requests with the simulator's pages: no sockets, the collector's own client,
+parsers and translators; ``http_scrape`` serves it over HTTP on 127.0.0.1 instead) and
+steps it in lockstep with the collector: one simulation step, one scrape round of every
+target that is due (exporters every step, latency pages every ``workload_scrape_s``; the
+real scrape engine, parsers and spool-backed writer into a fresh SQLite store), and every
 ``detect_every_s`` simulated seconds one detection cycle.  The simulated clock drives the
 store and the detectors, so a 30-minute scenario runs in a minute or two of wall time and
 gives the same answer every time.  ``hbmwatch.scoring`` compares the findings with the
