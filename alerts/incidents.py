@@ -15,9 +15,9 @@ import hashlib
 from collections.abc import Mapping
 
 from alerts import summary, timeline
-from alerts.grouping import Problem, problem_of, widest
+from alerts.grouping import HEAT, REGRESSIONS, Problem, problem_of, widest
 from hbmwatch.records import Alert, AlertState, Finding, Incident, IncidentEvent, IncidentState
-from hbmwatch.taxonomy import Cause
+from hbmwatch.taxonomy import Cause, FindingKind
 
 MAX_EVIDENCE = 12
 
@@ -60,13 +60,18 @@ class IncidentGrouping:
         waiting = [a for a in self.alerts.values()
                    if a.state is AlertState.FIRING and a.incident_id is None]  # fmt: skip
 
-        # The widest problem of a moment first: its GPUs then join it, no page is merged.
-        def order(a: Alert) -> tuple[int, int, bool, str]:
+        # The widest problem of a moment first: its GPUs then join it, no page is merged;
+        # then regressions, then throttles, so each finds what it rides on (``_carrier``).
+        def order(a: Alert) -> tuple[int, int, int, bool, str]:
             width, found = _rank(self._problem(a))
-            return a.firing_ms or 0, -width, not found, a.id
+            return a.firing_ms or 0, -width, self._tier(a), not found, a.id
 
         for a in sorted(waiting, key=order):
-            self._join(self._incident_for(a, now), a, now)
+            carried = self._carrier(a)
+            if carried is not None:  # not silent: the timeline says why it joined
+                self._join(carried[0], a, now, why=carried[1])
+            else:
+                self._join(self._incident_for(a, now), a, now)
         self._rekey(now)
         for inc in list(self.incidents.values()):
             self._settle(inc, now)
@@ -97,6 +102,47 @@ class IncidentGrouping:
         self.problems[inc_id] = p
         self._event(inc, alert.firing_ms or now, "opened", f"opened for {describe(scope)}")
         return self.incidents[inc_id]
+
+    # -- one GPU, one page -------------------------------------------------------------
+    def _tier(self, alert: Alert) -> int:
+        """Placing order within a moment: causes, then regressions, then throttles."""
+        f = self.findings.get(alert.finding_id)
+        kind = f.kind if f is not None else ""
+        return 2 if kind == FindingKind.THROTTLE else int(kind in REGRESSIONS)
+
+    def _carrier(self, alert: Alert) -> tuple[Incident, str] | None:
+        """The open incident this alert rides on, from what is live on its own GPU.
+
+        * A throttle pages only while a workload on its GPU regresses (or past its clock
+          budget): it joins the incident that regression is in, rather than opening a
+          second page for the same GPU under its own cause (power throttling at the daily
+          peak on a GPU a co-tenant slows, or one its rack's failing cooling heats).
+        * A regression on a GPU whose heat a rack's cooling (or a room's heat) explains,
+          in an open incident, joins that incident: the wider cause explains that GPU.
+        Its own cause stays in the incident's ranked causes, after the incident's own.
+        """
+        f = self.findings.get(alert.finding_id)
+        if f is None or f.kind not in (*REGRESSIONS, FindingKind.THROTTLE):
+            return None
+        where = _gpu_of(f)
+        if where is None:
+            return None
+        found: list[tuple[Incident, str]] = []
+        for other in self.alerts.values():
+            inc = self.incidents.get(other.incident_id or "")
+            g = self.findings.get(other.finding_id)
+            if inc is None or not inc.open or g is None or other.state is not AlertState.FIRING:
+                continue
+            if other.id == alert.id or _gpu_of(g) != where:
+                continue
+            name = other.labels.get("alertname", "")
+            if f.kind == FindingKind.THROTTLE and g.kind in REGRESSIONS:
+                found.append((inc, f"joined: {name} on this GPU, which it pages for, is here"))
+            elif f.kind in REGRESSIONS and g.kind not in REGRESSIONS:
+                key = self._key(inc)
+                if key.width > 0 and key.family in HEAT and problem_of(g).family in HEAT:
+                    found.append((inc, f"joined: this GPU's heat ({name}) is this {key.family}"))
+        return min(found, key=lambda x: x[0].opened_ms, default=None)
 
     def _recent(self, now: int) -> list[Incident]:
         """Resolved within ``group_ms`` (and not merged away): these may reopen."""
@@ -147,7 +193,7 @@ class IncidentGrouping:
         self._event(closed, now, "merged", f"merged into {into.id}")
         self.problems.pop(other.id, None)
 
-    def _join(self, inc: Incident, alert: Alert, now: int) -> None:
+    def _join(self, inc: Incident, alert: Alert, now: int, *, why: str = "") -> None:
         ann = dict(alert.annotations, incident_url=self._incident_url(inc.id))
         labels = dict(alert.labels, incident=inc.id)  # Alertmanager can group by it
         alert = dataclasses.replace(alert, incident_id=inc.id, annotations=ann, labels=labels)
@@ -159,6 +205,7 @@ class IncidentGrouping:
                 if alert.labels.get(k)
             )  # fmt: skip
             text = f"{alert.labels.get('alertname')} {what}: {alert.annotations.get('summary')}"
+            text += f" ({why})" if why else ""
             self._event(inc, alert.firing_ms or now, "alert_added", text.strip(), alert=alert.id)
 
     # -- what it says -------------------------------------------------------------------
@@ -215,6 +262,12 @@ def _rank(p: Problem) -> tuple[int, bool]:
 def _widest(problems: list[Problem]) -> Problem:
     found = [p for p in problems if p.family != Cause.NONE]
     return widest(found or problems)
+
+
+def _gpu_of(f: Finding) -> tuple[str, str, str] | None:
+    """The one GPU a finding is about (cluster, host, gpu), if it names one."""
+    e = f.entity
+    return (e.get("cluster", ""), e["host"], e["gpu"]) if e.get("host") and e.get("gpu") else None
 
 
 def place(labels: Mapping[str, str]) -> dict[str, str]:
