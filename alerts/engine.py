@@ -15,7 +15,8 @@ an open incident whose problem is the same, or explains it (a rack's cooling exp
 GPUs' heat), takes them; one resolved in the last ``group_seconds`` reopens.  A wider
 cause arriving later takes over the narrower incidents it explains, and incidents whose
 problems meet are merged into the oldest, so a rack losing coolant is one incident listing
-its GPUs while a target down and a hot GPU on that rack are two.  Title, severity and
+its GPUs while a target down and a hot GPU on that rack are two; what is live on one GPU
+(a regression and the throttle paging for it) is one page.  Title, severity and
 causes come from the incident's problem (``alerts.summary``).  Silences and inhibition rules
 mute alerts without changing their state.  The caller persists what ``apply`` reports as
 changed.

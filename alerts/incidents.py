@@ -5,7 +5,10 @@ The alert engine (``alerts.engine``) mixes this in; it is the half of the engine
 problems, kept in memory and recomputed from its alerts' findings after a restart.  A
 problem that explains an open incident's (a rack's cooling over a GPU's heat, a cause
 found for a regression that had none) takes that incident over rather than opening a
-second page; two open incidents whose problems meet are merged into the older one.
+second page; two open incidents whose problems meet are merged into the older one.  What
+is live on one GPU rides on one incident (``_carrier``): a throttle paging for its GPU's
+regression joins that regression's incident, and a hot GPU's regression joins the incident
+of the rack's cooling (or the room's heat) that explains its heat.
 """
 
 from __future__ import annotations
