@@ -23,6 +23,8 @@ MAX_CAUSE_EVIDENCE = 4
 _RISES = ("rise_over_load_baseline_c", "rack_mean_rise_c")
 _PLACE = ("cluster", "rack", "host", "gpu", "target")
 _HEAT_KINDS = (FindingKind.THERMAL_EXCURSION, FindingKind.THROTTLE, FindingKind.FLEET_OUTLIER)
+#: Causes known from a workload's slowdown alone: their titles lead with it.
+_SLOWDOWN = frozenset({Cause.CO_TENANT, Cause.NONE})
 
 
 def _with_evidence(f: Finding) -> list[RankedCause]:
@@ -77,15 +79,21 @@ def severity_of(live: Iterable[Severity], fallback: Severity) -> Severity:
 
 
 def title(place: str, cause: str, findings: Sequence[Finding], peaks: dict[str, float]) -> str:
-    """``{place} {cause}: {facts}``; ``peaks`` holds the largest figures seen so far."""
+    """``{place} {cause}: {facts}``; ``peaks`` holds the largest figures seen so far.
+
+    A cause read only from a workload's slowdown (a co-tenant) states the slowdown first:
+    a throttle that joined its page is a symptom beside it."""
     facts = [
         _heat(findings, peaks),
         _throttle(findings, peaks),
         _errors(findings, peaks),
         _down(findings),
+    ]
+    slower = [
         _regressions(findings, peaks, FindingKind.P99_REGRESSION, "p99"),
         _regressions(findings, peaks, FindingKind.STEP_TIME_REGRESSION, "step time"),
     ]
+    facts = [*slower, *facts] if family_of(cause) in _SLOWDOWN else [*facts, *slower]
     text = ", ".join(f for f in facts if f)
     if not text:  # nothing it knows a figure for (a stuck sensor): its first finding's words
         text = findings[0].summary if findings else "no finding"
