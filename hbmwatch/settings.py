@@ -149,7 +149,7 @@ class CollectorSettings(_Section):
     )
     interval_seconds: float = Field(1.0, gt=0, le=3600)
     timeout_seconds: float | None = Field(
-        None, gt=0, le=600, description="Default: 0.8 x the interval, at most 10 s."
+        None, gt=0, le=600, description="Default: 0.8 x the interval, at least 5 s, at most 10 s."
     )
     max_page_bytes: int = Field(64 * 2**20, gt=0, description="Larger pages fail the scrape.")
     series_per_target: int = Field(50_000, gt=0, description="Series cap per target.")
