@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 
@@ -242,7 +241,8 @@ def test_a_gpu_chronically_over_the_floor_keeps_a_raised_threshold() -> None:
     assert 0 < det.rates_["base_"][row] <= det.pcie_floor_per_s
 
 
-def test_1024_gpus_60_steps_is_fast() -> None:
+def test_1024_healthy_gpus_over_minutes_raise_nothing() -> None:
+    """A fleet's scale, not its speed: `hbmwatch bench detect` measures the speed."""
     rng = np.random.default_rng(5)
     g = 1024
     signals = {
@@ -251,11 +251,7 @@ def test_1024_gpus_60_steps_is_fast() -> None:
         "pcie_recoveries": np.zeros((g, 60)), "fabric_errors": rng.poisson(0.01, (g, 60)),
     }  # fmt: skip
     for det in (Throttling(), LinkErrors()):
-        det.update(make_frame(0, 60, g, **signals))  # rows created once
-        best = float("inf")
-        for k in range(3):
-            f = make_frame(60 * (k + 1), 60, g, **signals)
-            t0 = time.perf_counter()
-            det.update(f)
-            best = min(best, time.perf_counter() - t0)
-        assert best < 0.25, (det.name, best)  # ~0.03 s alone; a shared 2-core box is noisy
+        raised = []
+        for k in range(4):
+            raised += det.update(make_frame(60 * k, 60, g, **signals))
+        assert raised == [], det.name

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 
@@ -307,17 +306,14 @@ def test_params_stored_as_given_and_checked() -> None:
         raise AssertionError("gap_s=0 should be rejected")
 
 
-def test_1024_gpus_60_steps_is_fast() -> None:
+def test_1024_healthy_gpus_over_minutes_raise_nothing() -> None:
+    """A fleet's scale, not its speed: `hbmwatch bench detect` measures the speed."""
     g = 1024
     sig = busy_gpu(60, seed=5, g=g)
     stacks = np.repeat(sig["mem_temp"][:, None, :], 8, axis=1)
     targets = {"up": np.ones((128, 60)), "sentinel": np.zeros((128, 60))}
     det = DataQuality()
-    det.update(make_frame(0, 60, g, targets=targets, stacks=stacks, **sig))
-    best = float("inf")
-    for k in range(3):
-        f = make_frame(60 * (k + 1), 60, g, targets=targets, stacks=stacks, **sig)
-        t0 = time.perf_counter()
-        det.update(f)
-        best = min(best, time.perf_counter() - t0)
-    assert best < 0.4, best  # ~0.05 s alone; a shared 2-core box is noisy
+    raised = []
+    for k in range(4):
+        raised += det.update(make_frame(60 * k, 60, g, targets=targets, stacks=stacks, **sig))
+    assert raised == []
