@@ -26,15 +26,8 @@ class InProcessServer(SimServer):
         fleet = self.sim.fleet
         base = self.base_port or FIRST_PORT
         for node in fleet.nodes:
-            routes: dict[str, object] = {"/metrics": ("node", node.index)}
-            for s in fleet.services:
-                if s.node == node.index:
-                    routes[f"/services/{s.name}/metrics"] = ("service", s.index)
-            for j in fleet.jobs:
-                if j.node == node.index:
-                    routes[f"/jobs/{j.name}/metrics"] = ("job", j.index)
             self.ports.append(base + node.index)
-            self._routes.append(routes)
+            self._routes.append(self.routes_of(node.index))
         return self.targets()
 
     async def close(self) -> None:

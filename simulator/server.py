@@ -55,13 +55,7 @@ class SimServer:
     async def start(self) -> list[Target]:
         fleet = self.sim.fleet
         for node in fleet.nodes:
-            routes: dict[str, Any] = {"/metrics": ("node", node.index)}
-            for s in fleet.services:
-                if s.node == node.index:
-                    routes[f"/services/{s.name}/metrics"] = ("service", s.index)
-            for j in fleet.jobs:
-                if j.node == node.index:
-                    routes[f"/jobs/{j.name}/metrics"] = ("job", j.index)
+            routes = self.routes_of(node.index)
             port = self.base_port + node.index if self.base_port else 0
             server = await asyncio.start_server(
                 lambda r, w, routes=routes: self._handle(r, w, routes),
@@ -74,6 +68,18 @@ class SimServer:
             self._routes.append(routes)
         self._started_wall = time.monotonic()
         return self.targets()
+
+    def routes_of(self, node: int) -> dict[str, Any]:
+        """A node's pages: its exporter's, then one per service and training job on it."""
+        fleet = self.sim.fleet
+        routes: dict[str, Any] = {"/metrics": ("node", node)}
+        for s in fleet.services:
+            if s.node == node:
+                routes[f"/services/{s.name}/metrics"] = ("service", s.index)
+        for j in fleet.jobs:
+            if j.node == node:
+                routes[f"/jobs/{j.name}/metrics"] = ("job", j.index)
+        return routes
 
     def targets(self) -> list[Target]:
         fleet = self.sim.fleet
