@@ -35,8 +35,12 @@ class Target:
     url: str
     labels: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     interval_seconds: float = 1.0
-    timeout_seconds: float = 0.8
+    timeout_seconds: float = 0.0  # 0: default_timeout(interval_seconds)
     mapping: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.timeout_seconds <= 0:
+            object.__setattr__(self, "timeout_seconds", default_timeout(self.interval_seconds))
 
     @property
     def id(self) -> str:

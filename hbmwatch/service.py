@@ -24,7 +24,7 @@ from api.server import ApiServerError
 from collector.engine import ScrapeEngine
 from collector.spool import Spool
 from collector.targets import Target as CollectorTarget
-from collector.targets import TargetSet
+from collector.targets import TargetSet, default_timeout
 from collector.writer import BatchingSink, SpoolingWriter
 from detectors import default_detectors
 from detectors.context import Context
@@ -186,7 +186,7 @@ def build_collector(
 
 def simulator_targets(targets: list[Target], settings: Settings) -> list[CollectorTarget]:
     interval = settings.collector.interval_seconds
-    timeout = settings.collector.timeout_seconds or min(0.8 * interval, 10.0)
+    timeout = settings.collector.timeout_seconds or default_timeout(interval)
     return [CollectorTarget(t.kind, t.url, dict(t.labels), interval, timeout) for t in targets]
 
 

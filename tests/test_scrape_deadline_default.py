@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from collector.targets import resolve
+from collector.targets import Target, resolve
 from hbmwatch.settings import CollectorSettings, TargetSettings
 from store.store import Store
 from tests.conftest import Clock, make_store
@@ -64,3 +64,19 @@ def test_a_page_a_second_late_is_up_at_the_default_deadline(
 
     report = asyncio.run(run())
     assert report.up, report  # type: ignore[attr-defined]
+
+
+def test_the_bundled_simulators_targets_get_the_same_default() -> None:
+    """`hbmwatch up`'s own fleet used to be cut at 0.8 s whatever resolve() said."""
+    from hbmwatch.service import simulator_targets
+    from hbmwatch.settings import Settings
+    from simulator.inprocess import InProcessServer
+    from simulator.runner import Simulation
+    from simulator.scenario import load_scenario
+
+    served = asyncio.run(InProcessServer(Simulation(load_scenario("default"))).start())
+    got = simulator_targets(served, Settings())
+    assert got and {t.timeout_seconds for t in got} == {5.0}
+    assert Target("dcgm", "http://x/metrics").timeout_seconds == 5.0
+    assert Target("dcgm", "http://x/metrics", {}, 30.0).timeout_seconds == 10.0
+    assert Target("dcgm", "http://x/metrics", {}, 1.0, 0.3).timeout_seconds == 0.3
