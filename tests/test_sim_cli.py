@@ -17,40 +17,33 @@ from store.store import open_store
 from tests.test_service import HBMWATCH, clean_env, free_port
 
 
-def _wait_for(path: Path, proc: subprocess.Popen[str], seconds: float = 60) -> None:
+def _wait_for(
+    path: Path, proc: subprocess.Popen[str], seconds: float = 120, log: Path | None = None
+) -> None:
     deadline = time.monotonic() + seconds
     while not path.exists() or not path.read_text().strip():
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        if proc.poll() is not None:
+            said = log.read_text() if log else proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"the simulator exited: {said}")
         assert time.monotonic() < deadline, f"{path} not written"
         time.sleep(0.2)
 
 
 def test_sim_serves_targets_and_writes_ground_truth(tmp_path: Path) -> None:
     targets, truth = tmp_path / "targets.json", tmp_path / "truth.json"
-    proc = subprocess.Popen(
-        [
-            *HBMWATCH,
-            "sim",
-            "noisy_neighbour",
-            "--seed",
-            "4",
-            "--speed",
-            "30",
-            "--port",
-            "0",
-            "--truth",
-            str(truth),
-            "--targets",
-            str(targets),
-        ],
-        cwd=tmp_path,
-        env=clean_env(),
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    log = tmp_path / "sim.log"  # a file: a pipe nobody reads fills and blocks the simulator
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*HBMWATCH, "sim", "noisy_neighbour", "--seed", "4", "--speed", "30", "--port", "0",
+             "--truth", str(truth), "--targets", str(targets)],
+            cwd=tmp_path,
+            env=clean_env(),
+            text=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
     try:
-        _wait_for(targets, proc)
+        _wait_for(targets, proc, log=log)
         listed = json.loads(targets.read_text())
         assert {t["kind"] for t in listed} == {"dme", "dcgm", "vllm"}
         for target in listed[:3]:
@@ -60,7 +53,7 @@ def test_sim_serves_targets_and_writes_ground_truth(tmp_path: Path) -> None:
         assert ground["seed"] == 4 and ground["faults"][0]["kind"] == "noisy_neighbour"
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+        proc.wait(timeout=120)
 
 
 def test_sim_rejects_a_bad_scenario_with_the_field(tmp_path: Path) -> None:
