@@ -66,9 +66,10 @@ def _segment_scales(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     """Smallest decimal scale that round-trips every value of each segment, or RAW_FLOAT."""
     scale = np.full(len(starts), RAW_FLOAT, dtype=np.int64)
     undecided = np.ones(len(starts), dtype=bool)
+    signed_zero = (values == 0) & np.signbit(values)  # -0.0 == 0.0, but an integer has no -0
     for k in range(MAX_SCALE + 1):
         scaled = np.rint(values * _POW10[k])
-        exact = (scaled / _POW10[k] == values) & (np.abs(scaled) < _MAX_EXACT_INT)
+        exact = (scaled / _POW10[k] == values) & (np.abs(scaled) < _MAX_EXACT_INT) & ~signed_zero
         seg_ok = np.logical_and.reduceat(exact, starts)
         pick = seg_ok & undecided
         scale[pick] = k

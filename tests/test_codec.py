@@ -26,6 +26,15 @@ def test_round_trip_bit_exact(offsets: list[int], values: list[float], start: in
     assert v2.view(np.uint64).tolist() == v.view(np.uint64).tolist()  # -0.0 and all
 
 
+def test_negative_zero_round_trips_bit_exact() -> None:
+    """A decimal scale read -0.0 as the integer 0 (found by the test above, on CI)."""
+    for values in ([-0.0], [1.5, -0.0, 2.0], [0.0, -0.0]):
+        v = np.array(values)
+        ts = np.arange(len(v), dtype=np.int64) * 1000
+        _, v2 = codec.decode(codec.encode(0, ts, v), 0)
+        assert v2.view(np.uint64).tolist() == v.view(np.uint64).tolist()
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     st.lists(
