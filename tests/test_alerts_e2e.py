@@ -31,7 +31,7 @@ from tests.alertmanager import WebhookSink, running_alertmanager
 
 SCENARIO = {
     "name": "rack_coolant_storm",
-    "description": "Rack r0 (32 GPUs) loses coolant; rack r1 is the control",
+    "description": "Rack r0 (24 GPUs) loses coolant; rack r1 is the control",
     # A throttle closes 5 min after it last held (flap damping), then keeps firing 30 s:
     # the run goes on 8 min past the fault so every alert's resolution reaches Alertmanager.
     "duration": "19m",
@@ -40,7 +40,7 @@ SCENARIO = {
     # the hour it runs at (the daily peak can throttle a rack on its power cap).
     "workload": {"diurnal_amplitude": 0.0},
     "racks": [
-        {"name": "r0", "nodes": 4, "sku": "MI300X"},
+        {"name": "r0", "nodes": 3, "sku": "MI300X"},
         {"name": "r1", "nodes": 1, "sku": "H200"},
     ],
     "faults": [
