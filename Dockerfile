@@ -3,6 +3,13 @@
 # Built by docker-compose.yml; on its own:
 #   docker build -t hbmwatch:0.1.0 . && docker run --rm -p 127.0.0.1:8427:8427 \
 #     -e HBMWATCH_API__HOST=0.0.0.0 hbmwatch:0.1.0
+# The wheel is built in a stage of its own; the image installs it (not an editable tree),
+# with its dependencies pinned by requirements/run.lock.
+FROM python:3.11-slim AS wheel
+WORKDIR /src
+COPY . .
+RUN pip wheel --no-cache-dir --no-deps -w /dist .
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -17,22 +24,14 @@ RUN groupadd --system --gid 10001 hbmwatch \
       --no-create-home --shell /usr/sbin/nologin hbmwatch \
  && install -d -o hbmwatch -g hbmwatch -m 0750 /var/lib/hbmwatch
 
-WORKDIR /opt/hbmwatch
-
 # The dependencies first, in their own layer, so a code change does not reinstall them.
-COPY pyproject.toml README.md ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
-      > /tmp/requirements.txt \
- && pip install -r /tmp/requirements.txt \
- && rm /tmp/requirements.txt
+COPY requirements/run.lock /tmp/run.lock
+RUN pip install -r /tmp/run.lock && rm /tmp/run.lock
 
-# The checkout (.dockerignore leaves out .venv, .git, databases and test output), installed
-# from its folder with `pip install -e .`: the Alembic migration scripts (alembic/) are not
-# in the wheel, and `hbmwatch up` finds them beside the installed packages only in a
-# checkout (store/migrate.py), so a plain `pip install .` would fail at its first migration.
-COPY . .
-RUN pip install --no-deps -e . \
- && python -c "from store.migrate import script_location; script_location()"
+# The wheel: the Alembic scripts and dashboards are package data inside it.
+COPY --from=wheel /dist/ /tmp/dist/
+RUN pip install --no-deps /tmp/dist/hbmwatch-*.whl && rm -r /tmp/dist \
+ && python -c "from hbmwatch.store.migrate import script_location; script_location()"
 
 USER hbmwatch:hbmwatch
 WORKDIR /var/lib/hbmwatch

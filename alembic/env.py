@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from alembic import context
 from sqlalchemy import Connection
 
-from alembic import context
-from store.migrate import include_name
-from store.models import Base
+from hbmwatch.store.migrate import include_name
+from hbmwatch.store.models import Base
 
 target_metadata = Base.metadata
 
@@ -28,7 +28,7 @@ def run_migrations_online() -> None:
         _run(connection)
         return
     from hbmwatch.settings import load_settings
-    from store.engine import create_store_engine
+    from hbmwatch.store.engine import create_store_engine
 
     engine = create_store_engine(load_settings().store.url)
     with engine.connect() as conn:

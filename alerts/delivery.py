@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter
 from hbmwatch import log
 from hbmwatch.records import Alert, AlertState, Delivery, Silence
 from hbmwatch.settings import AlertSettings, ReceiverSettings
-from store.guard import StoreUnavailable
+from hbmwatch.store.guard import StoreUnavailable
 
 WEBHOOK_REPEAT_SECONDS = 4 * 3600
 """A still-firing incident is notified to a webhook again this often: Alertmanager's

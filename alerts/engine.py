@@ -28,11 +28,11 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from alerts import summary
-from alerts.grouping import Problem
-from alerts.incidents import IncidentGrouping, describe, place
-from alerts.labels import alert_labels, annotations, label_fingerprint
-from alerts.matchers import matches_all, parse_matcher
+from hbmwatch.alerts import summary
+from hbmwatch.alerts.grouping import Problem
+from hbmwatch.alerts.incidents import IncidentGrouping, describe, place
+from hbmwatch.alerts.labels import alert_labels, annotations, label_fingerprint
+from hbmwatch.alerts.matchers import matches_all, parse_matcher
 from hbmwatch.records import (
     Alert,
     AlertState,

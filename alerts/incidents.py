@@ -17,8 +17,8 @@ import dataclasses
 import hashlib
 from collections.abc import Mapping
 
-from alerts import summary, timeline
-from alerts.grouping import HEAT, REGRESSIONS, Problem, problem_of, widest
+from hbmwatch.alerts import summary, timeline
+from hbmwatch.alerts.grouping import HEAT, REGRESSIONS, Problem, problem_of, widest
 from hbmwatch.records import Alert, AlertState, Finding, Incident, IncidentEvent, IncidentState
 from hbmwatch.taxonomy import Cause, FindingKind
 

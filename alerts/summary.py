@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from alerts.grouping import KIND_CAUSE, REGRESSIONS, family_of
+from hbmwatch.alerts.grouping import KIND_CAUSE, REGRESSIONS, family_of
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity, capped_if_unevidenced
 from hbmwatch.taxonomy import Cause, FindingKind
 

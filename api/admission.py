@@ -16,7 +16,7 @@ from collections import deque
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.middleware import send_error
+from hbmwatch.api.middleware import send_error
 from hbmwatch.settings import ApiSettings
 
 #: Paths served from their own lane: probes and scrapes must get through a busy API.

@@ -15,11 +15,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.errors import ApiError
 from hbmwatch.alerting import Alerting
+from hbmwatch.api.errors import ApiError
 from hbmwatch.settings import Settings
 from hbmwatch.status import ServiceStatus
-from store.store import Store
+from hbmwatch.store.store import Store
 
 
 class Scope(IntEnum):

@@ -17,9 +17,9 @@ from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hbmwatch import log
+from hbmwatch.store.guard import unavailable_reason
+from hbmwatch.store.store import SchemaOutdated, StoreUnavailable
 from hbmwatch.validation import HbmwatchError
-from store.guard import unavailable_reason
-from store.store import SchemaOutdated, StoreUnavailable
 
 logger = log.get("hbmwatch.api")
 #: What a 503 asks a client to wait before trying again.

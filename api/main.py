@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry
 
-from api import errors
-from api.admission import Admission
-from api.middleware import BodyGuard, RequestMetrics, SecurityHeaders
-from api.routes import (
+from hbmwatch.api import errors
+from hbmwatch.api.admission import Admission
+from hbmwatch.api.middleware import BodyGuard, RequestMetrics, SecurityHeaders
+from hbmwatch.api.routes import (
     admin,
     alerts,
     devices,
@@ -19,11 +20,14 @@ from api.routes import (
     pages,
     silences,
 )
-from api.routes import series as series_routes
+from hbmwatch.api.routes import series as series_routes
 from hbmwatch.exporter import Exporter
 from hbmwatch.settings import Settings
 from hbmwatch.status import ServiceStatus
-from store.store import Store
+from hbmwatch.store.store import Store
+
+#: Swagger UI and ReDoc files (package data of fastapi-offline), served by hbmwatch itself.
+DOCS_STATIC = "/docs/static"
 
 DESCRIPTION = """\
 Triage during an incident: the fleet's inventory, its series (range and latest queries),
@@ -50,7 +54,8 @@ def create_app(
 ) -> FastAPI:
     """The app over a store; ``registry`` is shared with the collector and the store so one
     ``/metrics`` serves them all."""
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs and /redoc from package files, not a CDN
+        static_url=DOCS_STATIC,
         title="hbmwatch",
         summary="HBM thermal and p99-latency telemetry for GPU fleets",
         description=DESCRIPTION,

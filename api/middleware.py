@@ -10,8 +10,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.deps import Scope as TokenScope
-from api.deps import granted_scope
+from hbmwatch.api.deps import Scope as TokenScope
+from hbmwatch.api.deps import granted_scope
 from hbmwatch.settings import Settings
 
 #: Methods that change state: all need a write or admin token.
@@ -118,12 +118,11 @@ STRICT_CSP = (
     "default-src 'none'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
     "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
 )
-#: /docs and /redoc load Swagger UI and ReDoc from the jsDelivr CDN and start them inline.
+#: /docs and /redoc start Swagger UI and ReDoc inline, from files hbmwatch serves itself
+#: (fastapi-offline's copies): nothing comes from a CDN, so they work without internet.
 DOCS_CSP = (
-    "default-src 'none'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-    "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
-    "font-src https://fonts.gstatic.com; img-src 'self' data: https://fastapi.tiangolo.com "
-    "https://cdn.redoc.ly; connect-src 'self'; worker-src blob:; frame-ancestors 'none'; "
+    "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; worker-src blob:; frame-ancestors 'none'; "
     "base-uri 'none'"
 )
 DOCS_PATHS = ("/docs", "/redoc")

@@ -12,8 +12,8 @@ from typing import Annotated, TypeVar
 
 from fastapi import Query
 
-from api.schemas import Page
-from collector.sources.push import to_ms
+from hbmwatch.api.schemas import Page
+from hbmwatch.collector.sources.push import to_ms
 from hbmwatch.validation import InvalidQuery, parse_duration
 
 T = TypeVar("T")

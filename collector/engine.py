@@ -34,8 +34,9 @@ import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PromCounter
 
-from collector.limits import LimitExceeded
-from collector.scrape import (  # translator_for, TargetState: importable from here too
+from hbmwatch import log
+from hbmwatch.collector.limits import LimitExceeded
+from hbmwatch.collector.scrape import (  # translator_for, TargetState: importable from here too
     PageError,
     ScrapeReport,
     TargetState,
@@ -43,10 +44,9 @@ from collector.scrape import (  # translator_for, TargetState: importable from h
     health,
     translator_for,
 )
-from collector.targets import Target, TargetSet
-from collector.translate import Collected
-from collector.writer import BatchingSink  # lives in writer.py; importable from here too
-from hbmwatch import log
+from hbmwatch.collector.targets import Target, TargetSet
+from hbmwatch.collector.translate import Collected
+from hbmwatch.collector.writer import BatchingSink  # lives in writer.py; importable from here too
 from hbmwatch.records import Device
 from hbmwatch.settings import CollectorSettings
 

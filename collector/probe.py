@@ -1,6 +1,6 @@
 """Read this host's GPUs with a local source for a while and write down what it saw.
 
-    python -m collector.probe nvml --seconds 60 --interval 0.5 --out nvml-probe.json \
+    python -m hbmwatch.collector.probe nvml --seconds 60 --interval 0.5 --out nvml-probe.json \
         [--samples-csv trace.csv]
 
 Every reading, its canonical name, unit and value range; what the device does not support;
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--samples-csv", type=Path, default=None)
     args = parser.parse_args(argv)
-    from collector.sources.nvml import NvmlCollector, import_pynvml
+    from hbmwatch.collector.sources.nvml import NvmlCollector, import_pynvml
 
     source = NvmlCollector(import_pynvml())
     source.open()

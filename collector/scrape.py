@@ -18,13 +18,13 @@ from typing import Any
 
 import httpx
 
-from collector.limits import check_sample_limit, drop_long_labels
-from collector.sources.dcgm import DcgmTranslator
-from collector.sources.dme import DmeTranslator
-from collector.sources.inference import InferenceTranslator
-from collector.sources.mapped import MappedTranslator, load_mapping
-from collector.targets import Target
-from collector.translate import Collected
+from hbmwatch.collector.limits import check_sample_limit, drop_long_labels
+from hbmwatch.collector.sources.dcgm import DcgmTranslator
+from hbmwatch.collector.sources.dme import DmeTranslator
+from hbmwatch.collector.sources.inference import InferenceTranslator
+from hbmwatch.collector.sources.mapped import MappedTranslator, load_mapping
+from hbmwatch.collector.targets import Target
+from hbmwatch.collector.translate import Collected
 from hbmwatch.metrics import DROP_REASONS
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.settings import CollectorSettings

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from collector.exposition import MalformedLine, parse_series
 from hbmwatch import log
+from hbmwatch.collector.exposition import MalformedLine, parse_series
 from hbmwatch.records import Sample, SeriesKey
-from store.guard import StoreUnavailable
+from hbmwatch.store.guard import StoreUnavailable
 
 logger = log.get("hbmwatch.collector")
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from collector.exposition import (
+from hbmwatch.collector.exposition import (
     MalformedLine,
     SeriesRef,
     parse_series,

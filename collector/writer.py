@@ -18,10 +18,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from collector.spool import Spool
 from hbmwatch import log
+from hbmwatch.collector.spool import Spool
 from hbmwatch.records import Sample
-from store.store import StoreUnavailable, WriteResult
+from hbmwatch.store.store import StoreUnavailable, WriteResult
 
 logger = log.get("hbmwatch.collector")
 

@@ -11,12 +11,12 @@ from typing import Any
 
 def default_detectors(settings: Any = None) -> list[Any]:
     """``settings``: a ``DetectionSettings`` whose detector options apply (None: defaults)."""
-    from detectors.devices import LinkErrors, Throttling
-    from detectors.latency import LatencyRegressions
-    from detectors.outliers import FleetOutliers
-    from detectors.quality import DataQuality
-    from detectors.rootcause import RootCause
-    from detectors.thermal import ThermalExcursions
+    from hbmwatch.detectors.devices import LinkErrors, Throttling
+    from hbmwatch.detectors.latency import LatencyRegressions
+    from hbmwatch.detectors.outliers import FleetOutliers
+    from hbmwatch.detectors.quality import DataQuality
+    from hbmwatch.detectors.rootcause import RootCause
+    from hbmwatch.detectors.thermal import ThermalExcursions
 
     throttle: dict[str, float] = {}
     quality: dict[str, float] = {}

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from detectors.base import EntityTable, quiet_nan
-from detectors.frame import Frame
+from hbmwatch.detectors.base import EntityTable, quiet_nan
+from hbmwatch.detectors.frame import Frame
 
 GPU_SIGNALS = (
     "mem_temp", "hot_temp", "power", "power_limit", "clock", "bw", "util",

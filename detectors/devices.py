@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import (
+from hbmwatch.detectors.base import (
     EntityTable,
     Episode,
     Hysteresis,
@@ -26,9 +26,9 @@ from detectors.base import (
     make_finding,
     quiet_nan,
 )
-from detectors.frame import Frame
-from detectors.scorers import decay
-from detectors.throttle import THROTTLE_GROUPS, Throttling, _dt_s, _entity
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.scorers import decay
+from hbmwatch.detectors.throttle import THROTTLE_GROUPS, Throttling, _dt_s, _entity
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
 from hbmwatch.taxonomy import Cause, FindingKind
 
@@ -58,7 +58,7 @@ class LinkErrors:
     carries at least ``link_share`` of the GPU's recent fabric errors.
 
     >>> import numpy as np
-    >>> from detectors.frame import Entities, Frame
+    >>> from hbmwatch.detectors.frame import Entities, Frame
     >>> def frame(t0, replays):
     ...     gpus = Entities()
     ...     gpus.add("c/h/0", {"cluster": "c", "rack": "r", "host": "h", "gpu": "0"})

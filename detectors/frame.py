@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.signals import SIGNAL_CODE, SIGNAL_METRIC, SIGNALS
+from hbmwatch.detectors.signals import SIGNAL_CODE, SIGNAL_METRIC, SIGNALS
 from hbmwatch.records import Finding
 
 #: The labels each table's entities keep.

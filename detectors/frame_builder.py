@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from detectors.frame import TABLE_LABELS, TABLES, Entities, Frame, SeriesIndex
-from detectors.frame_grid import LAST, REDUCE_OF_SIGNAL, SUM, Grid, Plan, Samples
-from detectors.signals import MAX_STACKS, SIGNAL_CODE, SIGNALS, route
+from hbmwatch.detectors.frame import TABLE_LABELS, TABLES, Entities, Frame, SeriesIndex
+from hbmwatch.detectors.frame_grid import LAST, REDUCE_OF_SIGNAL, SUM, Grid, Plan, Samples
+from hbmwatch.detectors.signals import MAX_STACKS, SIGNAL_CODE, SIGNALS, route
 from hbmwatch.records import SeriesKey
-from store.feed import SampleBlock
+from hbmwatch.store.feed import SampleBlock
 
 WRAPS = (2.0**32, 2.0**64)
 

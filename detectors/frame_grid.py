@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from detectors.frame import TABLES, Frame, SeriesIndex
-from detectors.signals import MAX_STACKS, SIGNAL_CODE, SIGNAL_REDUCTION, SIGNALS
+from hbmwatch.detectors.frame import TABLES, Frame, SeriesIndex
+from hbmwatch.detectors.signals import MAX_STACKS, SIGNAL_CODE, SIGNAL_REDUCTION, SIGNALS
 
 #: How samples falling in one cell combine: the last, the mean, the largest, the sum.
 LAST, MEAN, MAX, SUM = range(4)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import quiet_nan
+from hbmwatch.detectors.base import quiet_nan
 from hbmwatch.records import Evidence
 from hbmwatch.taxonomy import Cause
 

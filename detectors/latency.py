@@ -38,13 +38,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from detectors.base import EntityTable, Episode, Hysteresis, latest
-from detectors.frame import Frame
-from detectors.latency_baseline import BASELINE_FIELDS, LatencyBaseline
-from detectors.latency_evidence import STEP_PHASE, LatencyTrace, Thresholds, latency_finding
-from detectors.latency_hold import HOLD_FIELDS, HoldRule
-from detectors.latency_peers import PeerLevels, peer_groups, start_from_peers
-from detectors.scorers import Cusum
+from hbmwatch.detectors.base import EntityTable, Episode, Hysteresis, latest
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.latency_baseline import BASELINE_FIELDS, LatencyBaseline
+from hbmwatch.detectors.latency_evidence import (
+    STEP_PHASE,
+    LatencyTrace,
+    Thresholds,
+    latency_finding,
+)
+from hbmwatch.detectors.latency_hold import HOLD_FIELDS, HoldRule
+from hbmwatch.detectors.latency_peers import PeerLevels, peer_groups, start_from_peers
+from hbmwatch.detectors.scorers import Cusum
 from hbmwatch.records import Finding
 
 
@@ -75,7 +80,7 @@ class LatencyRegressions:
     (the daily profile).
 
     >>> import numpy as np
-    >>> from detectors.frame import Entities, Frame
+    >>> from hbmwatch.detectors.frame import Entities, Frame
     >>> det = LatencyRegressions(warmup_s=60, min_on_s=10)
     >>> def frame(t0, p99):
     ...     wls = Entities()

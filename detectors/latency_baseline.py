@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import EntityTable
-from detectors.scorers import SeasonalProfile, TrendBaseline, decay
+from hbmwatch.detectors.base import EntityTable
+from hbmwatch.detectors.scorers import SeasonalProfile, TrendBaseline, decay
 
 #: The per-workload columns the baseline keeps in its detector's table.
 BASELINE_FIELDS = {"slow_": np.nan, "p50_": np.nan, "ready_": 0.0}

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.base import Episode, make_finding
-from detectors.frame import WORKLOAD_LABELS, Frame
+from hbmwatch.detectors.base import Episode, make_finding
+from hbmwatch.detectors.frame import WORKLOAD_LABELS, Frame
 from hbmwatch.records import Evidence, Finding, Severity
 from hbmwatch.taxonomy import FindingKind
 

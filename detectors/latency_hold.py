@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detectors.base import EntityTable
+from hbmwatch.detectors.base import EntityTable
 
 #: The per-workload columns this rule keeps in its detector's table (since_, at_, earned_).
 HOLD_FIELDS = {"since_": np.nan, "at_": np.nan, "earned_": 0.0}

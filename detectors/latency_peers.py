@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.frame import Frame
+from hbmwatch.detectors.frame import Frame
 
 PLACE = ("cluster", "host", "gpu")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.base import quiet_nan
+from hbmwatch.detectors.base import quiet_nan
 
 
 def resolution(times: np.ndarray) -> int:

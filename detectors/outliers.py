@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import EntityTable, Episode, Hysteresis, make_finding, quiet_nan
-from detectors.frame import Frame
-from detectors.peer_features import (
+from hbmwatch.detectors.base import EntityTable, Episode, Hysteresis, make_finding, quiet_nan
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.peer_features import (
     CLOCK_RESID,
     FEATURES,
     MEM_RESID,
@@ -67,7 +67,7 @@ class FleetOutliers:
     is per tree and the score is only one of three gates).
 
     >>> import numpy as np
-    >>> from detectors.frame import Entities, Frame
+    >>> from hbmwatch.detectors.frame import Entities, Frame
     >>> rng = np.random.default_rng(0)
     >>> gpus = Entities()
     >>> for i in range(16):

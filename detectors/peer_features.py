@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.ensemble import IsolationForest
 
-from detectors.base import nanmedian, quiet_nan
-from detectors.frame import Frame
+from hbmwatch.detectors.base import nanmedian, quiet_nan
+from hbmwatch.detectors.frame import Frame
 
 #: Per-minute raw signals, in the order of the accumulator columns.
 RAW = ("mem_temp", "hot_temp", "power", "clock", "bw", "util")

@@ -18,9 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import EntityTable, Episode, Hysteresis, SparseGate, latest, make_finding
-from detectors.frame import Frame
-from detectors.quality_sensors import (
+from hbmwatch.detectors.base import (
+    EntityTable,
+    Episode,
+    Hysteresis,
+    SparseGate,
+    latest,
+    make_finding,
+)
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.quality_sensors import (
     GAPS,
     TEMPS,
     CheckReport,
@@ -28,7 +35,7 @@ from detectors.quality_sensors import (
     gpu_entity,
     sensor_values,
 )
-from detectors.quality_targets import TargetChecks
+from hbmwatch.detectors.quality_targets import TargetChecks
 from hbmwatch.records import Evidence, Finding, RankedCause
 from hbmwatch.settings import DetectionSettings
 from hbmwatch.taxonomy import FindingKind
@@ -68,7 +75,7 @@ class DataQuality(SensorChecks, TargetChecks):
     ``sentinel_quiet_s``).
 
     >>> import numpy as np
-    >>> from detectors.frame import Entities, Frame
+    >>> from hbmwatch.detectors.frame import Entities, Frame
     >>> rng = np.random.default_rng(0)
     >>> gpus = Entities()
     >>> gpus.add("c/h/0", {"cluster": "c", "rack": "r", "host": "h", "gpu": "0"})

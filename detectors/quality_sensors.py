@@ -12,9 +12,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from detectors.base import EntityTable, Episode, quiet_nan
-from detectors.frame import Frame
-from detectors.signals import MAX_STACKS
+from hbmwatch.detectors.base import EntityTable, Episode, quiet_nan
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.signals import MAX_STACKS
 from hbmwatch.records import Evidence, Severity
 from hbmwatch.taxonomy import Cause
 

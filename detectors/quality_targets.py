@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.base import EntityTable, Episode
-from detectors.frame import Frame
-from detectors.quality_sensors import CheckReport
+from hbmwatch.detectors.base import EntityTable, Episode
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.quality_sensors import CheckReport
 from hbmwatch.records import Evidence, Severity
 from hbmwatch.taxonomy import Cause
 

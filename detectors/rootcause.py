@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from detectors.frame import Frame
-from detectors.heatscope import heat_scope
-from detectors.leadlag import change, lagged_corr, onset, resolution
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.heatscope import heat_scope
+from hbmwatch.detectors.leadlag import change, lagged_corr, onset, resolution
 from hbmwatch.records import (
     NO_EVIDENCE,
     Evidence,

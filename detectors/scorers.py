@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import EntityTable, nanmedian
+from hbmwatch.detectors.base import EntityTable, nanmedian
 
 LN2 = np.log(2.0)
 

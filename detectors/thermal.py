@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import (
+from hbmwatch.detectors.base import (
     EntityTable,
     Hysteresis,
     SparseGate,
@@ -49,11 +49,11 @@ from detectors.base import (
     nanmedian,
     quiet_nan,
 )
-from detectors.frame import Frame
-from detectors.scorers import TrendBaseline, decay
-from detectors.signals import MAX_STACKS
-from detectors.thermal_findings import GpuFindings
-from detectors.thermal_layout import (
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.scorers import TrendBaseline, decay
+from hbmwatch.detectors.signals import MAX_STACKS
+from hbmwatch.detectors.thermal_findings import GpuFindings
+from hbmwatch.detectors.thermal_layout import (
     N_SENSORS,
     PRIOR_SLOPE,
     UNSEEN_LOAD,
@@ -62,7 +62,7 @@ from detectors.thermal_layout import (
     LocalRows,
     Trace,
 )
-from detectors.thermal_racks import RackWarming
+from hbmwatch.detectors.thermal_racks import RackWarming
 from hbmwatch.records import Finding
 
 
@@ -70,7 +70,7 @@ class ThermalExcursions(GpuFindings, RackWarming):
     """Per-GPU and rack-wide thermal excursions with their likely cause.
 
     >>> import numpy as np
-    >>> from detectors.frame import Entities, Frame
+    >>> from hbmwatch.detectors.frame import Entities, Frame
     >>> det = ThermalExcursions(warmup_s=30, min_on_s=3)
     >>> def frame(t0, temps):
     ...     gpus = Entities()

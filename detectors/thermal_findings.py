@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from detectors.base import Episode, Hysteresis, make_finding
-from detectors.frame import Frame
-from detectors.scorers import TrendBaseline
-from detectors.thermal_layout import SENSORS, Trace
+from hbmwatch.detectors.base import Episode, Hysteresis, make_finding
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.scorers import TrendBaseline
+from hbmwatch.detectors.thermal_layout import SENSORS, Trace
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
 from hbmwatch.taxonomy import FindingKind
 

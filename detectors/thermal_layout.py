@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from detectors.base import nanmedian
-from detectors.frame import Frame
-from detectors.scorers import group_median_columns
-from detectors.signals import MAX_STACKS
+from hbmwatch.detectors.base import nanmedian
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.scorers import group_median_columns
+from hbmwatch.detectors.signals import MAX_STACKS
 from hbmwatch.skus import Sku, lookup
 
 if TYPE_CHECKING:
-    from detectors.thermal import ThermalExcursions
+    from hbmwatch.detectors.thermal import ThermalExcursions
 
 SENSORS = ("memory", "hotspot", *(f"stack{i}" for i in range(MAX_STACKS)))
 N_SENSORS = len(SENSORS)

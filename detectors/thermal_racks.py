@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.base import EntityTable, Episode, Hysteresis, make_finding
-from detectors.frame import Frame
-from detectors.scorers import decay
-from detectors.thermal_layout import FleetLayout
+from hbmwatch.detectors.base import EntityTable, Episode, Hysteresis, make_finding
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.scorers import decay
+from hbmwatch.detectors.thermal_layout import FleetLayout
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
 from hbmwatch.taxonomy import Cause, FindingKind
 

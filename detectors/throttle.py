@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import (
+from hbmwatch.detectors.base import (
     EntityTable,
     Episode,
     Hysteresis,
@@ -24,9 +24,9 @@ from detectors.base import (
     latest,
     make_finding,
 )
-from detectors.frame import Frame
-from detectors.scorers import decay
-from detectors.throttle_paging import Regressions, page_reason
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.scorers import decay
+from hbmwatch.detectors.throttle_paging import Regressions, page_reason
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
 from hbmwatch.settings import DetectionSettings
 from hbmwatch.taxonomy import Cause, FindingKind
@@ -86,7 +86,7 @@ class Throttling:
     unthrottled clock baseline follows the GPU), ``page_after_s``.
 
     >>> import numpy as np
-    >>> from detectors.frame import Entities, Frame
+    >>> from hbmwatch.detectors.frame import Entities, Frame
     >>> def frame(t0, thr):
     ...     gpus = Entities()
     ...     gpus.add("c/h/0", {"cluster": "c", "rack": "r", "host": "h", "gpu": "0"})

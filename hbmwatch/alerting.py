@@ -12,12 +12,12 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 
-from alerts.engine import AlertEngine, Changes
-from alerts.matchers import checked
 from hbmwatch import log
+from hbmwatch.alerts.engine import AlertEngine, Changes
+from hbmwatch.alerts.matchers import checked
 from hbmwatch.records import AlertState, Finding, Incident, Matcher, Silence
 from hbmwatch.settings import AlertSettings
-from store.store import Store, StoreUnavailable
+from hbmwatch.store.store import Store, StoreUnavailable
 
 logger = log.get("hbmwatch.alerting")
 

@@ -27,8 +27,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from api.server import ApiServerError
 from hbmwatch import log
+from hbmwatch.api.server import ApiServerError
 from hbmwatch.relay import RelayServer, StatusView
 from hbmwatch.settings import Settings
 from hbmwatch.status import ServiceStatus
@@ -169,10 +169,10 @@ def _child_main(spec: ApiSpec, conn: Connection) -> None:
 
 
 def _build(spec: ApiSpec, conn: Connection, on_gone: Callable[[], None]) -> tuple[Any, Any, Any]:
-    from api.main import create_app
-    from api.server import ApiServer
+    from hbmwatch.api.main import create_app
+    from hbmwatch.api.server import ApiServer
     from hbmwatch.relay import AlertingProxy, RelayClient, RelayedMetrics, StatusMirror
-    from store.store import open_store
+    from hbmwatch.store.store import open_store
 
     settings = spec.settings
     store = open_store(settings.store)

@@ -41,8 +41,8 @@ from hbmwatch.benchmarks import machine
 from hbmwatch.query import parse_selector
 from hbmwatch.records import Evidence, Finding, RankedCause, SeriesKey, Severity
 from hbmwatch.settings import AlertSettings, Settings, StoreSettings
+from hbmwatch.store.store import Store
 from hbmwatch.validation import HbmwatchError
-from store.store import Store
 
 FORMAT = 2  # bump when what the load phase writes changes: old databases are rebuilt
 QUERY_METRIC = "gpu_memory_temperature_celsius"
@@ -102,8 +102,8 @@ class FleetDay:
     """The simulated fleet as the collector would store it, one sample step at a time."""
 
     def __init__(self, gpus: int, hours: int, interval: int, seed: int, start_s: float) -> None:
-        from simulator.runner import Simulation
-        from simulator.scenario import scenario_from_dict
+        from hbmwatch.simulator.runner import Simulation
+        from hbmwatch.simulator.scenario import scenario_from_dict
 
         self.interval = interval
         spec = fleet_spec(gpus, hours, interval, seed)
@@ -120,8 +120,8 @@ class FleetDay:
         self._walk = np.zeros(len(self.keys))
 
     def _make_translators(self) -> list[tuple[str, int, Any]]:
-        from collector.engine import translator_for
-        from collector.targets import Target
+        from hbmwatch.collector.engine import translator_for
+        from hbmwatch.collector.targets import Target
         from hbmwatch.settings import CollectorSettings
 
         fleet, settings, out = self.sim.fleet, CollectorSettings(), []
@@ -249,9 +249,9 @@ def _url(db: Path) -> str:
 
 def open_bench_store(db: Path) -> Store:
     """The benchmark's store, migrated first (as ``hbmwatch migrate`` would)."""
-    from store.engine import create_store_engine
-    from store.migrate import upgrade
-    from store.store import open_store
+    from hbmwatch.store.engine import create_store_engine
+    from hbmwatch.store.migrate import upgrade
+    from hbmwatch.store.store import open_store
 
     engine = create_store_engine(_url(db))
     upgrade(engine)
@@ -383,7 +383,7 @@ WORKLOAD_ENTITY = ("cluster", "rack", "host", "gpu", "service", "model", "phase"
 def _finding(kind: str, entity: dict[str, str], severity: Severity, summary: str,
              span: tuple[int, int], evidence: list[Evidence],
              causes: list[RankedCause]) -> Finding:  # fmt: skip
-    from detectors.base import make_finding
+    from hbmwatch.detectors.base import make_finding
 
     start, now = span
     return make_finding(kind=kind, detector="bench", entity=entity, severity=severity,
@@ -507,10 +507,10 @@ def serve_forever(db: Path) -> None:
     """The API over the benchmark's database on a free port of 127.0.0.1 (prints the port)."""
     import uvicorn
 
-    from api.main import create_app
     from hbmwatch import log
+    from hbmwatch.api.main import create_app
     from hbmwatch.service import tune_gc
-    from store.store import open_store
+    from hbmwatch.store.store import open_store
 
     log.configure("warning")
     settings = Settings(store=StoreSettings(url=_url(db)))

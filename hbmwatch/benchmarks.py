@@ -22,10 +22,10 @@ from hbmwatch.query import Aggregation, parse_selector
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.service import tune_gc
 from hbmwatch.settings import StoreSettings
-from store.bench import PostgresCeiling, SqliteCeiling, bytes_at_rest
-from store.engine import create_store_engine
-from store.migrate import upgrade
-from store.store import Store, open_store
+from hbmwatch.store.bench import PostgresCeiling, SqliteCeiling, bytes_at_rest
+from hbmwatch.store.engine import create_store_engine
+from hbmwatch.store.migrate import upgrade
+from hbmwatch.store.store import Store, open_store
 
 
 def machine() -> str:
@@ -378,8 +378,8 @@ def fleet_scenario(gpus: int, *, duration: str = "1h") -> dict[str, Any]:
 
 def bench_sim(*, gpus: int, steps: int) -> dict[str, Any]:
     """Simulated seconds per wall second at 1 s steps, and the cost of rendering every page."""
-    from simulator.runner import Simulation
-    from simulator.scenario import scenario_from_dict
+    from hbmwatch.simulator.runner import Simulation
+    from hbmwatch.simulator.scenario import scenario_from_dict
 
     scenario = scenario_from_dict(fleet_scenario(gpus))
     t0 = time.perf_counter()
@@ -425,8 +425,8 @@ def _scenario_toml(scenario: dict[str, Any]) -> str:
 
 def _page_of(kind: str, gpus: int) -> str:
     """One page holding ``gpus`` GPUs of one exporter (node pages of the simulator, joined)."""
-    from simulator.runner import Simulation
-    from simulator.scenario import scenario_from_dict
+    from hbmwatch.simulator.runner import Simulation
+    from hbmwatch.simulator.scenario import scenario_from_dict
 
     sku = "MI300X" if kind == "dme" else "H100"
     scenario = scenario_from_dict(
@@ -446,9 +446,9 @@ def parse_rates(kind: str, gpus: int, rounds: int = 20) -> dict[str, Any]:
     """Lines per second: hbmwatch's cached parser + translation, and prometheus_client's."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from collector.exposition import SeriesCache, parse
-    from collector.sources.dcgm import DcgmTranslator
-    from collector.sources.dme import DmeTranslator
+    from hbmwatch.collector.exposition import SeriesCache, parse
+    from hbmwatch.collector.sources.dcgm import DcgmTranslator
+    from hbmwatch.collector.sources.dme import DmeTranslator
 
     page = _page_of(kind, gpus)
     lines = sum(1 for line in page.splitlines() if line and not line.startswith("#"))
@@ -490,10 +490,10 @@ def scrape_to_store(gpus: int, rounds: int, workdir: Path | None = None) -> dict
     import subprocess
     import sys
 
-    from collector.engine import BatchingSink, ScrapeEngine
-    from collector.spool import Spool
-    from collector.targets import Target, TargetSet
-    from collector.writer import SpoolingWriter
+    from hbmwatch.collector.engine import BatchingSink, ScrapeEngine
+    from hbmwatch.collector.spool import Spool
+    from hbmwatch.collector.targets import Target, TargetSet
+    from hbmwatch.collector.writer import SpoolingWriter
     from hbmwatch.service import tune_gc
     from hbmwatch.settings import CollectorSettings
 
@@ -576,7 +576,7 @@ def bench_detect(*, gpus: int, minutes: int, workdir: Path | None = None) -> dic
     import statistics
 
     from hbmwatch.evaluation import run_scenario
-    from simulator.scenario import scenario_from_dict
+    from hbmwatch.simulator.scenario import scenario_from_dict
 
     spec = fleet_scenario(gpus, duration=f"{minutes}m")
     spec["faults"] = [

@@ -178,9 +178,9 @@ def sim(
     ] = None,
 ) -> None:
     """Serve a simulated fleet's exporter, vLLM and training endpoints on 127.0.0.1."""
-    from simulator.runner import Simulation
-    from simulator.scenario import load_scenario
-    from simulator.server import SimServer
+    from hbmwatch.simulator.runner import Simulation
+    from hbmwatch.simulator.scenario import load_scenario
+    from hbmwatch.simulator.server import SimServer
 
     log.configure("info")
     if speed <= 0:

@@ -31,8 +31,8 @@ def _when(ms: int | None) -> str:
 
 def _store(settings: Settings):
     from hbmwatch.preflight import check_store
+    from hbmwatch.store.store import open_store
     from hbmwatch.validation import HbmwatchError
-    from store.store import open_store
 
     try:  # reading a database that is not there must not create an empty one
         check_store(settings.store, must_exist=True)
@@ -67,8 +67,8 @@ def list_incidents(settings: Settings, *, all_: bool, as_json: bool, limit: int)
 
 def add_silence(settings: Settings, matchers: list[str], *, duration: str, by: str,
                 comment: str) -> None:  # fmt: skip
-    from alerts.matchers import parse_matcher
     from hbmwatch.alerting import Alerting
+    from hbmwatch.alerts.matchers import parse_matcher
     from hbmwatch.validation import parse_duration
 
     try:
@@ -124,7 +124,7 @@ def expire_silence(settings: Settings, silence_id: str) -> None:
 
 
 def write_rules(out_dir: Path) -> None:
-    from alerts.promrules import write_rules as write
+    from hbmwatch.alerts.promrules import write_rules as write
 
     rules, tests = write(out_dir)
     console.print(f"wrote {rules} and {tests} (check: promtool check rules {rules}; "

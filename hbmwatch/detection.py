@@ -15,14 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.base import Detector
-from detectors.frame import Frame
-from detectors.frame_builder import FrameBuilder
-from detectors.signals import WATCHED_METRICS, route
 from hbmwatch import log
+from hbmwatch.detectors.base import Detector
+from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.frame_builder import FrameBuilder
+from hbmwatch.detectors.signals import WATCHED_METRICS, route
 from hbmwatch.records import Finding
-from store.feed import RecentSamples, SampleBlock
-from store.store import Store, StoreUnavailable
+from hbmwatch.store.feed import RecentSamples, SampleBlock
+from hbmwatch.store.store import Store, StoreUnavailable
 
 logger = log.get("hbmwatch.detection")
 STATE_PREFIX = "detector:"

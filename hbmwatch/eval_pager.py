@@ -23,12 +23,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from alerts.delivery import Dispatcher
 from hbmwatch.alerting import Alerting
+from hbmwatch.alerts.delivery import Dispatcher
 from hbmwatch.detection import CycleReport
 from hbmwatch.records import Alert, Incident
 from hbmwatch.settings import AlertSettings, ReceiverSettings
-from store.store import Store
+from hbmwatch.store.store import Store
 
 RECEIVER = "eval-pager"
 READY_SECONDS = 30.0

@@ -30,23 +30,23 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TextIO
 
-from collector.engine import BatchingSink, ScrapeEngine
-from collector.spool import Spool
-from collector.targets import Target, TargetSet
-from collector.writer import SpoolingWriter
-from detectors import default_detectors
-from detectors.context import Context
+from hbmwatch.collector.engine import BatchingSink, ScrapeEngine
+from hbmwatch.collector.spool import Spool
+from hbmwatch.collector.targets import Target, TargetSet
+from hbmwatch.collector.writer import SpoolingWriter
 from hbmwatch.detection import CycleReport, DetectionRunner
+from hbmwatch.detectors import default_detectors
+from hbmwatch.detectors.context import Context
 from hbmwatch.eval_pager import Pager, PagerRecord
 from hbmwatch.records import Finding
 from hbmwatch.settings import CollectorSettings, StoreSettings
-from simulator.inprocess import InProcessServer
-from simulator.runner import Simulation
-from simulator.scenario import Scenario, load_scenario
-from simulator.server import SimServer
-from store.engine import create_store_engine
-from store.migrate import upgrade
-from store.store import Store
+from hbmwatch.simulator.inprocess import InProcessServer
+from hbmwatch.simulator.runner import Simulation
+from hbmwatch.simulator.scenario import Scenario, load_scenario
+from hbmwatch.simulator.server import SimServer
+from hbmwatch.store.engine import create_store_engine
+from hbmwatch.store.migrate import upgrade
+from hbmwatch.store.store import Store
 
 #: Evaluations start at a fixed instant, so the daily load pattern is the same every run.
 EVAL_START = dt.datetime(2026, 11, 23, 9, 0, tzinfo=dt.UTC)

@@ -19,7 +19,7 @@ from hbmwatch.metrics import EXPORTED, MetricDef, Scope, by_scope
 from hbmwatch.query import Selector
 from hbmwatch.records import AlertState, IncidentState
 from hbmwatch.status import LabelledValue, ServiceStatus
-from store.store import Store, StoreUnavailable
+from hbmwatch.store.store import Store, StoreUnavailable
 
 logger = log.get("hbmwatch.exporter")
 

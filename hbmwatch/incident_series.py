@@ -18,8 +18,8 @@ from urllib.parse import urlencode
 from hbmwatch import metrics
 from hbmwatch.query import Aggregation, parse_selector
 from hbmwatch.records import SeriesKey
+from hbmwatch.store.store import Store
 from hbmwatch.validation import InvalidQuery
-from store.store import Store
 
 STEPS_S = (1, 2, 5, 10, 15, 20, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 86400)
 TARGET_POINTS = 400

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from alerts.timeline import ordered
+from hbmwatch.alerts.timeline import ordered
 from hbmwatch.records import Alert, IncidentEvent
 
 #: Alerts of one name fold when at least this many came (and went) in one incident.

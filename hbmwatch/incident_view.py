@@ -19,8 +19,8 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from alerts.engine import describe
 from hbmwatch import svgchart
+from hbmwatch.alerts.engine import describe
 from hbmwatch.incident_series import (
     BASELINE_MS,
     P99,
@@ -42,9 +42,9 @@ from hbmwatch.incident_words import (
 )
 from hbmwatch.query import parse_selector
 from hbmwatch.records import Alert, Incident, SeriesKey
+from hbmwatch.store.store import Store
 from hbmwatch.taxonomy import Cause
 from hbmwatch.validation import InvalidQuery
-from store.store import Store
 
 __all__ = ["ChartedSeries", "IncidentView", "build_incident_view", "chart_step",
            "chart_window", "incident_chart", "series_in"]  # fmt: skip

@@ -32,17 +32,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from collector.exposition import MalformedLine, parse_series
-from detectors import default_detectors
-from detectors.context import Context
+from hbmwatch.collector.exposition import MalformedLine, parse_series
 from hbmwatch.detection import DetectionRunner
+from hbmwatch.detectors import default_detectors
+from hbmwatch.detectors.context import Context
 from hbmwatch.metrics import METRICS
 from hbmwatch.records import Finding, Sample, SeriesKey, finding_to_dict
 from hbmwatch.settings import StoreSettings
+from hbmwatch.store.engine import create_store_engine
+from hbmwatch.store.migrate import upgrade
+from hbmwatch.store.store import Store
 from hbmwatch.validation import HbmwatchError
-from store.engine import create_store_engine
-from store.migrate import upgrade
-from store.store import Store
 
 TIME_COLUMNS = ("timestamp", "time", "ts")
 LONG_COLUMNS = {"metric", "timestamp", "value"}
@@ -74,8 +74,8 @@ class DetectorOptions:
 
     def detectors(self) -> list[Any]:
         """``default_detectors()`` with the latency and thermal detectors set as asked."""
-        from detectors.latency import LatencyRegressions
-        from detectors.thermal import ThermalExcursions
+        from hbmwatch.detectors.latency import LatencyRegressions
+        from hbmwatch.detectors.thermal import ThermalExcursions
 
         lat: dict[str, float] = {}
         therm: dict[str, float] = {}

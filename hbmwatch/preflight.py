@@ -32,7 +32,7 @@ def check_store(store: StoreSettings, *, must_exist: bool = False) -> None:
     ``must_exist``: for commands that only read or add to a migrated database, whose
     first use must not create an empty one.
     """
-    from store.engine import is_sqlite, sqlite_path
+    from hbmwatch.store.engine import is_sqlite, sqlite_path
 
     if is_sqlite(store.url):
         path = sqlite_path(store.url)
@@ -62,7 +62,7 @@ def _check_postgres(url: str) -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
-    from store.engine import create_store_engine
+    from hbmwatch.store.engine import create_store_engine
 
     parsed = make_url(url)
     if "connect_timeout" not in parsed.query:
@@ -130,7 +130,7 @@ def simulator_will_run(settings: Settings) -> bool:
 
 def check_simulator(settings: Settings) -> None:
     """The scenario loads, its ground-truth folder exists and its node ports are free."""
-    from simulator.scenario import load_scenario
+    from hbmwatch.simulator.scenario import load_scenario
 
     sim = settings.simulator
     scenario = load_scenario(sim.scenario)  # a ConfigError of its own when it is bad

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 
 from hbmwatch import log
 from hbmwatch.status import FleetSnapshot, ServiceStatus
-from store.guard import StoreUnavailable
+from hbmwatch.store.guard import StoreUnavailable
 
 logger = log.get("hbmwatch.relay")
 

@@ -19,30 +19,30 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from alerts.delivery import Dispatcher
-from api.server import ApiServerError
-from collector.engine import ScrapeEngine
-from collector.spool import Spool
-from collector.targets import Target as CollectorTarget
-from collector.targets import TargetSet, default_timeout
-from collector.writer import BatchingSink, SpoolingWriter
-from detectors import default_detectors
-from detectors.context import Context
 from hbmwatch import log
 from hbmwatch.alerting import Alerting
+from hbmwatch.alerts.delivery import Dispatcher
+from hbmwatch.api.server import ApiServerError
 from hbmwatch.apiprocess import ApiProcess
+from hbmwatch.collector.engine import ScrapeEngine
+from hbmwatch.collector.spool import Spool
+from hbmwatch.collector.targets import Target as CollectorTarget
+from hbmwatch.collector.targets import TargetSet, default_timeout
+from hbmwatch.collector.writer import BatchingSink, SpoolingWriter
 from hbmwatch.detection import DetectionRunner
+from hbmwatch.detectors import default_detectors
+from hbmwatch.detectors.context import Context
 from hbmwatch.records import Finding
 from hbmwatch.settings import DetectionSettings, Settings
+from hbmwatch.simulator.process import FleetSpec, SimProcess, SimulatorFailed
+from hbmwatch.simulator.server import Target
 from hbmwatch.status import ServiceStatus, snapshot_from_frame
+from hbmwatch.store.engine import create_store_engine
+from hbmwatch.store.guard import unavailable
+from hbmwatch.store.migrate import upgrade
+from hbmwatch.store.store import Store, StoreUnavailable, open_store
 from hbmwatch.supervise import exit_deadline, exits_on_fatal, stop_on_signals, supervise
 from hbmwatch.validation import ConfigError
-from simulator.process import FleetSpec, SimProcess, SimulatorFailed
-from simulator.server import Target
-from store.engine import create_store_engine
-from store.guard import unavailable
-from store.migrate import upgrade
-from store.store import Store, StoreUnavailable, open_store
 
 COMPACT_EVERY_SECONDS = 15.0
 RETENTION_EVERY_SECONDS = 3600.0
@@ -129,14 +129,14 @@ async def start_simulator(settings: Settings) -> tuple[SimProcess, list[Target]]
 
 def local_sources(settings: Settings) -> list[Any]:
     """This host's own GPUs, read in-process (NVML, amd-smi), as configured."""
-    from collector.sources.amdsmi import (
+    from hbmwatch.collector.sources.amdsmi import (
         AmdSmiCollector,
         AmdSmiLibraryCollector,
         SourceUnavailable,
         import_amdsmi,
     )
-    from collector.sources.nvidia_smi import NvidiaSmiCollector
-    from collector.sources.nvml import NvmlCollector, import_pynvml
+    from hbmwatch.collector.sources.nvidia_smi import NvidiaSmiCollector
+    from hbmwatch.collector.sources.nvml import NvmlCollector, import_pynvml
 
     sources: list[Any] = []
     for kind in settings.collector.local_sources:

@@ -248,7 +248,7 @@ class InhibitRuleSettings(_Section):
     @field_validator("source_matchers", "target_matchers")
     @classmethod
     def _matchers(cls, value: list[str]) -> list[str]:
-        from alerts.matchers import parse_matcher
+        from hbmwatch.alerts.matchers import parse_matcher
 
         for text in value:
             parse_matcher(text)  # raises ValueError naming the bad matcher

@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 
 from hbmwatch import log
+from hbmwatch.store.store import SchemaOutdated, StoreUnavailable
 from hbmwatch.validation import ConfigError
-from store.store import SchemaOutdated, StoreUnavailable
 
 logger = log.get("hbmwatch.service")
 

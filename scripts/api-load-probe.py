@@ -73,11 +73,11 @@ async def serve(args: argparse.Namespace) -> dict[str, object]:
     import uvicorn
     from prometheus_client import CollectorRegistry
 
-    from api.main import create_app
-    from api.server import ApiServer
+    from hbmwatch.api.main import create_app
+    from hbmwatch.api.server import ApiServer
     from hbmwatch.settings import Settings
-    from store.migrate import upgrade
-    from store.store import create_store_engine, open_store
+    from hbmwatch.store.migrate import upgrade
+    from hbmwatch.store.store import create_store_engine, open_store
 
     url = f"sqlite:///{Path(tempfile.mkdtemp()) / 'probe.db'}"
     engine = create_store_engine(url)

@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 python3 -c "import pynvml, sys; print('nvidia-ml-py', getattr(pynvml, '__version__', '?'))"
 python3 scripts/gpu_load.py --phase-seconds 15 > "$out/load_phases.txt" 2>&1 &
 load=$!
-python3 -m collector.probe nvml --seconds 62 --interval 0.5 --out "$out/nvml_probe.json"
+python -m hbmwatch.collector.probe nvml --seconds 62 --interval 0.5 --out "$out/nvml_probe.json"
 wait "$load" || true
 cat "$out/load_phases.txt"
 python3 - "$out/nvml_probe.json" <<'PY'

@@ -14,7 +14,7 @@ phases=${PHASES:-idle:180,copy:60,gemm:60,rest:60}
 python3 scripts/gpu_load.py --phases "$phases" \
   --latency-csv "$out/latency.csv" > "$out/load_phases.txt" 2>&1 &
 load=$!
-python3 -m collector.probe nvml --seconds "${SECONDS_TOTAL:-362}" --interval 1 --out "$out/nvml_probe.json" \
+python -m hbmwatch.collector.probe nvml --seconds "${SECONDS_TOTAL:-362}" --interval 1 --out "$out/nvml_probe.json" \
   --samples-csv "$out/nvml_samples.csv"
 wait "$load" || true
 cat "$out/load_phases.txt"

@@ -42,10 +42,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from collector.spool import decode_batch  # noqa: E402
+from hbmwatch.collector.spool import decode_batch  # noqa: E402
 from hbmwatch.query import Aggregation, parse_selector  # noqa: E402
 from hbmwatch.settings import StoreSettings  # noqa: E402
-from store.store import open_store  # noqa: E402
+from hbmwatch.store.store import open_store  # noqa: E402
 
 HBMWATCH = [sys.executable, "-m", "hbmwatch.cli"]
 PG_BIN = Path("/usr/lib/postgresql/15/bin")

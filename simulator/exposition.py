@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from collector.spellings import Family, dcgm, dme, vllm
-from simulator.fleet import Fleet, Node
-from simulator.physics import Physics, R
-from simulator.workloads import Workloads
+from hbmwatch.collector.spellings import Family, dcgm, dme, vllm
+from hbmwatch.simulator.fleet import Fleet, Node
+from hbmwatch.simulator.physics import Physics, R
+from hbmwatch.simulator.workloads import Workloads
 
 SENSOR_NOISE_C = 0.3  # read noise before the sensor rounds to whole degrees
 

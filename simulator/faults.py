@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
+from hbmwatch.simulator.fleet import MAX_LINKS, MAX_STACKS, Fleet
+from hbmwatch.simulator.scenario import FAULT_SPECS, Fault, FaultKind
 from hbmwatch.taxonomy import Cause, FindingKind
-from simulator.fleet import MAX_LINKS, MAX_STACKS, Fleet
-from simulator.scenario import FAULT_SPECS, Fault, FaultKind
 
 
 def intensity(fault: Fault, t: float) -> float:
     """0..1 at ``t`` seconds into the run.
 
-    >>> from simulator.scenario import Fault, Target
+    >>> from hbmwatch.simulator.scenario import Fault, Target
     >>> f = Fault(kind="power_cap", target=Target(host="r0-node0", gpu=1), onset=10, ramp=10,
     ...           end=60)
     >>> [intensity(f, t) for t in (5, 15, 30, 60)]

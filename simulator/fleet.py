@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hbmwatch.records import Device
+from hbmwatch.simulator.scenario import Scenario
 from hbmwatch.skus import SKUS, Sku, Vendor
-from simulator.scenario import Scenario
 
 GPUS_PER_NODE = 8
 MAX_STACKS = 8

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import httpx
 
-from simulator.server import SimServer, Target
+from hbmwatch.simulator.server import SimServer, Target
 
 #: Made-up ports: a target's URL names its node as over HTTP, but nothing listens there.
 FIRST_PORT = 20_000

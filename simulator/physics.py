@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hbmwatch.simulator.faults import Effects
+from hbmwatch.simulator.fleet import MAX_LINKS, MAX_STACKS, Fleet
 from hbmwatch.skus import Vendor
-from simulator.faults import Effects
-from simulator.fleet import MAX_LINKS, MAX_STACKS, Fleet
 
 TAU_FAST, TAU_SLOW, TAU_DIE = 1.0, 40.0, 4.0
 MEM_IDLE_OFFSET_C = {"air": 14.0, "dlc": 9.0}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hbmwatch import log
-from simulator.server import Target
+from hbmwatch.simulator.server import Target
 
 logger = log.get("hbmwatch.simulator")
 
@@ -115,9 +115,9 @@ def _child_main(spec: FleetSpec, conn: Connection) -> None:
 
 
 async def _serve(spec: FleetSpec, conn: Connection) -> None:
-    from simulator.runner import Simulation
-    from simulator.scenario import load_scenario
-    from simulator.server import SimServer
+    from hbmwatch.simulator.runner import Simulation
+    from hbmwatch.simulator.scenario import load_scenario
+    from hbmwatch.simulator.server import SimServer
 
     try:
         sim = Simulation(load_scenario(spec.scenario), seed=spec.seed)

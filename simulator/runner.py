@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from simulator.exposition import Exposition, Readings
-from simulator.faults import FaultPlan
-from simulator.fleet import Fleet
-from simulator.physics import Physics
-from simulator.scenario import Scenario
-from simulator.workloads import Workloads
+from hbmwatch.simulator.exposition import Exposition, Readings
+from hbmwatch.simulator.faults import FaultPlan
+from hbmwatch.simulator.fleet import Fleet
+from hbmwatch.simulator.physics import Physics
+from hbmwatch.simulator.scenario import Scenario
+from hbmwatch.simulator.workloads import Workloads
 
 DIURNAL_AMBIENT_C = {"air": 2.0, "dlc": 0.5}
 

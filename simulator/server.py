@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hbmwatch import log
-from simulator.runner import Simulation
+from hbmwatch.simulator.runner import Simulation
 
 logger = log.get("hbmwatch.simulator")
 MAX_REQUEST_BYTES = 16_384

@@ -19,9 +19,9 @@ import math
 
 import numpy as np
 
-from collector.spellings.vllm import STEP_BUCKETS, VLLM
-from simulator.fleet import Fleet
-from simulator.physics import Demand, Physics
+from hbmwatch.collector.spellings.vllm import STEP_BUCKETS, VLLM
+from hbmwatch.simulator.fleet import Fleet
+from hbmwatch.simulator.physics import Demand, Physics
 
 PREFILL_SECONDS_PER_TOKEN = 25e-6
 DECODE_SECONDS_PER_TOKEN = 0.018

@@ -26,8 +26,8 @@ from hbmwatch.records import (
     cause_from_dict,
 )
 from hbmwatch.records import Evidence as EvidenceRecord
-from store.guard import guarded
-from store.models import AlertRow, DeliveryRow, IncidentRow, SilenceRow
+from hbmwatch.store.guard import guarded
+from hbmwatch.store.models import AlertRow, DeliveryRow, IncidentRow, SilenceRow
 
 MAX_ROWS_PER_QUERY = 5_000
 

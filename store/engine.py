@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+
+from hbmwatch.validation import ConfigError
 
 SQLITE_CACHE_KIB = 128 * 1024
 #: PostgreSQL: how long a connection attempt may take, and how long a dead peer may keep a
@@ -59,6 +62,8 @@ def create_store_engine(
         return engine
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.drivername == "postgresql+psycopg" and importlib.util.find_spec("psycopg") is None:
+        raise ConfigError("store.url: PostgreSQL needs psycopg: pip install 'hbmwatch[postgres]'")
     connect_args = {k: v for k, v in PG_CONNECT_ARGS.items() if k not in parsed.query}
     engine = create_engine(
         parsed,

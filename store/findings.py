@@ -13,8 +13,8 @@ from hbmwatch.records import (
     finding_from_dict,
     finding_to_dict,
 )
-from store.guard import guarded
-from store.models import FindingRow
+from hbmwatch.store.guard import guarded
+from hbmwatch.store.models import FindingRow
 
 MAX_FINDINGS_PER_QUERY = 5_000
 

@@ -6,12 +6,13 @@ import functools
 import re
 from pathlib import Path
 
+from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-from alembic import command
+from hbmwatch.resources import data_dir
 
 _PARTITION = re.compile(r"^samples_chunk_(p\d{8}|default)$")
 
@@ -22,13 +23,8 @@ def include_name(name: str | None, type_: str, parent_names: dict) -> bool:  # t
 
 
 def script_location() -> Path:
-    location = Path(__file__).resolve().parent.parent / "alembic"
-    if not (location / "env.py").exists():
-        raise FileNotFoundError(
-            f"Alembic scripts not found at {location}; install hbmwatch from a checkout "
-            "(pip install -e .)"
-        )
-    return location
+    """The Alembic scripts: package data of a wheel, or ``alembic/`` of a checkout."""
+    return data_dir("migrations")
 
 
 def alembic_config() -> Config:

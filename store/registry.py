@@ -21,6 +21,7 @@ from hbmwatch import metrics
 from hbmwatch.metrics import WORKLOAD_LABELS, MetricDef
 from hbmwatch.query import MatchOp, Selector
 from hbmwatch.records import SeriesKey
+from hbmwatch.store.models import Series
 from hbmwatch.validation import (
     CardinalityExceeded,
     HbmwatchError,
@@ -30,7 +31,6 @@ from hbmwatch.validation import (
     check_label_name,
     check_label_value,
 )
-from store.models import Series
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,20 @@ from hbmwatch import metrics
 from hbmwatch.query import Aggregation, Selector
 from hbmwatch.records import Device, Point, Sample, SeriesKey, SeriesPoints
 from hbmwatch.settings import StoreSettings
+from hbmwatch.store import aggregate as agg_math
+from hbmwatch.store import codec
+from hbmwatch.store.aggregate import Partials
+from hbmwatch.store.alerts import AlertBook
+from hbmwatch.store.backend import DAY_MS, Backend, backend_for
+from hbmwatch.store.engine import create_store_engine
+from hbmwatch.store.feed import RecentSamples, SampleBlock
+from hbmwatch.store.findings import FindingLog
+from hbmwatch.store.guard import StoreUnavailable as StoreUnavailable  # re-exported for callers
+from hbmwatch.store.guard import guard, guarded
+from hbmwatch.store.guard import unavailable as _unavailable
+from hbmwatch.store.models import Device as DeviceRow
+from hbmwatch.store.models import StoreState
+from hbmwatch.store.registry import Caps, SeriesRegistry
 from hbmwatch.validation import (
     CardinalityExceeded,
     HbmwatchError,
@@ -47,20 +61,6 @@ from hbmwatch.validation import (
     QueryTooExpensive,
     UnknownMetric,
 )
-from store import aggregate as agg_math
-from store import codec
-from store.aggregate import Partials
-from store.alerts import AlertBook
-from store.backend import DAY_MS, Backend, backend_for
-from store.engine import create_store_engine
-from store.feed import RecentSamples, SampleBlock
-from store.findings import FindingLog
-from store.guard import StoreUnavailable as StoreUnavailable  # re-exported for callers
-from store.guard import guard, guarded
-from store.guard import unavailable as _unavailable
-from store.models import Device as DeviceRow
-from store.models import StoreState
-from store.registry import Caps, SeriesRegistry
 
 _TIMESTAMP_OF_ROW, _SID_OF_ROW, _VALUE = (operator.itemgetter(i) for i in range(3))
 _REASONS = {
@@ -996,7 +996,7 @@ def open_store(
     registry: CollectorRegistry | None = None,
 ) -> Store:
     """Connect to the configured database (already migrated) and load the series registry."""
-    from store.migrate import current_revision, head_revision
+    from hbmwatch.store.migrate import current_revision, head_revision
 
     engine = create_store_engine(
         settings.url,

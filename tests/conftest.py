@@ -16,12 +16,12 @@ import pytest
 from sqlalchemy import text
 
 from hbmwatch.settings import StoreSettings
-from store.engine import create_store_engine
-from store.migrate import upgrade
-from store.store import Store, open_store
+from hbmwatch.store.engine import create_store_engine
+from hbmwatch.store.migrate import upgrade
+from hbmwatch.store.store import Store, open_store
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO.parent / "shared" / "fixtures"
+FIXTURES = REPO / "tests" / "fixtures"  # upstream captures, with their sources (README)
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z, minute-aligned
 
 
@@ -38,7 +38,7 @@ def require_service(env: str, what: str) -> str:
 @pytest.fixture
 def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():
-        pytest.fail(f"shared fixtures missing at {FIXTURES}")
+        pytest.fail(f"test fixtures missing at {FIXTURES}")
     return FIXTURES
 
 

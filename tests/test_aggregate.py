@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hbmwatch.query import Aggregation
-from store.aggregate import Partials, aggregate, bucket_increase, counter_increments
+from hbmwatch.store.aggregate import Partials, aggregate, bucket_increase, counter_increments
 
 
 def test_nvml_pcie_counter_wrapping_at_2_32_at_10hz() -> None:

@@ -9,8 +9,8 @@ import pytest
 from hbmwatch.alerting import Alerting
 from hbmwatch.records import AlertState, Finding, IncidentState, Matcher
 from hbmwatch.settings import AlertSettings
+from hbmwatch.store.store import Store
 from hbmwatch.taxonomy import FindingKind
-from store.store import Store
 from tests.conftest import Clock
 from tests.test_alerts_engine import finding, gpu
 

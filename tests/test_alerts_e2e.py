@@ -18,15 +18,15 @@ from typing import Any
 import httpx
 import pytest
 
-from alerts.delivery import Dispatcher
 from hbmwatch.alerting import Alerting
+from hbmwatch.alerts.delivery import Dispatcher
 from hbmwatch.detection import CycleReport
 from hbmwatch.evaluation import run_scenario
 from hbmwatch.records import AlertState, IncidentState, Matcher
 from hbmwatch.settings import AlertSettings, ReceiverSettings
+from hbmwatch.simulator.scenario import scenario_from_dict
+from hbmwatch.store.store import Store
 from hbmwatch.validation import parse_duration
-from simulator.scenario import scenario_from_dict
-from store.store import Store
 from tests.alertmanager import WebhookSink, running_alertmanager
 
 SCENARIO = {

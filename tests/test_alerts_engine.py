@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from alerts.engine import AlertEngine, place
-from alerts.labels import ALERT_NAMES, alert_labels, label_fingerprint
-from detectors.base import make_finding
+from hbmwatch.alerts.engine import AlertEngine, place
+from hbmwatch.alerts.labels import ALERT_NAMES, alert_labels, label_fingerprint
+from hbmwatch.detectors.base import make_finding
 from hbmwatch.records import (
     AlertState,
     Evidence,

@@ -8,13 +8,13 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
 from hbmwatch.alerting import Alerting
+from hbmwatch.api.main import create_app
 from hbmwatch.query import parse_selector
 from hbmwatch.records import Device, Evidence, RankedCause, Sample, SeriesKey, Severity
 from hbmwatch.settings import Settings
+from hbmwatch.store.store import Store
 from hbmwatch.taxonomy import FindingKind
-from store.store import Store
 from tests.conftest import NOW, Clock
 from tests.test_alerting import stated
 from tests.test_alerts_engine import gpu

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.main import create_app
-from api.server import ApiServer, ApiServerError
-from store.store import Store
+from hbmwatch.api.main import create_app
+from hbmwatch.api.server import ApiServer, ApiServerError
+from hbmwatch.store.store import Store
 from tests.conftest import Clock, make_store
 from tests.test_api import READ, TEMP, WRITE, bearer, settings_for
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from store.store import Store
+from hbmwatch.api.main import create_app
+from hbmwatch.store.store import Store
 from tests.conftest import Clock, make_store
 from tests.test_api import TEMP, fill, settings_for
 

@@ -25,7 +25,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts.engine import IncidentClosed
+from hbmwatch.alerts.engine import IncidentClosed
 from hbmwatch.apiprocess import _portable
 from hbmwatch.records import IncidentState
 from hbmwatch.relay import (
@@ -39,7 +39,7 @@ from hbmwatch.relay import (
 )
 from hbmwatch.settings import load_settings
 from hbmwatch.status import FleetSnapshot, LabelledValue, ServiceStatus
-from store.guard import StoreUnavailable
+from hbmwatch.store.guard import StoreUnavailable
 from tests.conftest import Clock, make_store
 from tests.test_api import open_incident
 from tests.test_service import HBMWATCH, clean_env, free_port

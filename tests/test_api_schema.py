@@ -17,11 +17,11 @@ import pytest
 import schemathesis
 from schemathesis import checks
 
-from api.main import create_app
+from hbmwatch.api.main import create_app
 from hbmwatch.records import Matcher
 from hbmwatch.settings import Settings
+from hbmwatch.store.store import Store
 from hbmwatch.taxonomy import FindingKind
-from store.store import Store
 from tests.conftest import Clock, make_store
 from tests.test_alerting import stated
 from tests.test_alerts_engine import gpu

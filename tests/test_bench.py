@@ -50,7 +50,7 @@ def test_bench_store_reports_all_figures(tmp_path: Path, request: pytest.Fixture
 
 
 def test_telemetry_shape_is_canonical_and_deterministic() -> None:
-    from store.registry import validate_series
+    from hbmwatch.store.registry import validate_series
 
     shape = TelemetryShape(2, seed=5)
     for key in shape.keys:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from hbmwatch.alerting import Alerting
 from hbmwatch.settings import AlertSettings, StoreSettings
+from hbmwatch.store.store import open_store
 from hbmwatch.taxonomy import FindingKind
-from store.store import open_store
 from tests.test_alerting import stated
 from tests.test_alerts_engine import gpu
 from tests.test_service import HBMWATCH, clean_env

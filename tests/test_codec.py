@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store import codec
+from hbmwatch.store import codec
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.latency import LatencyRegressions
-from detectors.thermal import ThermalExcursions
+from hbmwatch.detectors.latency import LatencyRegressions
+from hbmwatch.detectors.thermal import ThermalExcursions
 from hbmwatch.taxonomy import FindingKind
 from tests import test_detect_latency as lat
 from tests import test_detect_thermal as th

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from collector.engine import BatchingSink, ScrapeEngine
-from collector.spool import CorruptBatch, Spool, decode_batch, encode_batch
-from collector.targets import Target, TargetSet
-from collector.writer import SpoolingWriter
+from hbmwatch.collector.engine import BatchingSink, ScrapeEngine
+from hbmwatch.collector.spool import CorruptBatch, Spool, decode_batch, encode_batch
+from hbmwatch.collector.targets import Target, TargetSet
+from hbmwatch.collector.writer import SpoolingWriter
 from hbmwatch.query import Aggregation, parse_selector
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.settings import CollectorSettings, TargetSettings
-from simulator.runner import Simulation
-from simulator.scenario import scenario_from_dict
-from simulator.server import SimServer
-from store.store import Store, StoreUnavailable, WriteResult
+from hbmwatch.simulator.runner import Simulation
+from hbmwatch.simulator.scenario import scenario_from_dict
+from hbmwatch.simulator.server import SimServer
+from hbmwatch.store.store import Store, StoreUnavailable, WriteResult
 from tests.conftest import Clock, make_store
 
 

@@ -377,13 +377,14 @@ def dockerfile() -> list[tuple[str, str]]:
 def test_dockerfile_runs_the_cli() -> None:
     from typer.main import get_command
 
-    from api.routes import health
+    from hbmwatch.api.routes import health
     from hbmwatch.cli import app
     from hbmwatch.settings import ApiSettings
 
     steps = dockerfile()
     last = {instruction: args for instruction, args in steps}
-    assert [args for ins, args in steps if ins == "FROM"] == ["python:3.11-slim"]
+    assert [args for ins, args in steps if ins == "FROM"] == [
+        "python:3.11-slim AS wheel", "python:3.11-slim"]  # fmt: skip
 
     entrypoint, cmd = json.loads(last["ENTRYPOINT"]), json.loads(last["CMD"])
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
@@ -395,7 +396,10 @@ def test_dockerfile_runs_the_cli() -> None:
     assert user not in {"root", "0"}
     runs = " ".join(args for ins, args in steps if ins == "RUN")
     assert re.search(rf"useradd\b[^&]*\b{re.escape(user)}\b", runs)  # made, not assumed
-    assert re.search(r"pip install [^&]*-e \.", runs)  # from the checkout: alembic/ is needed
+    assert re.search(r"pip wheel [^&]*--no-deps", runs)  # the wheel, built from the checkout
+    assert re.search(r"pip install -r [^&]*run\.lock", runs)  # pinned dependencies
+    assert re.search(r"pip install --no-deps [^&]*hbmwatch-\*\.whl", runs)  # not -e .
+    assert "-e ." not in runs
 
     health_paths = {route.path for route in health.router.routes}  # type: ignore[attr-defined]
     assert "/healthz" in health_paths
@@ -438,9 +442,10 @@ def test_dockerignore_keeps_what_the_image_needs_and_nothing_private() -> None:
         if ln.strip() and not ln.startswith("#")
     ]
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    packages = [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
+    folders = project["tool"]["setuptools"]["package-dir"].values()
     needed = ["pyproject.toml", "README.md", "alembic/env.py", "alembic/versions/0001_initial.py"]
-    needed += [f"{p}/__init__.py" for p in packages]
+    needed += ["requirements/run.lock", "dashboards/json/fleet-overview.json"]
+    needed += [f"{p}/__init__.py" for p in folders if p not in ("alembic", "dashboards")]
     for path in needed:
         assert not ignored(path, patterns), path
     private = [".venv/bin/python", ".git/HEAD", ".env", ".env.local", "hbmwatch.db"]

@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.main import create_app
+from hbmwatch.api.main import create_app
 from hbmwatch.metrics import EXPORTED, METRICS, MetricDef
 from hbmwatch.records import (
     Alert,
@@ -43,10 +43,10 @@ from hbmwatch.records import (
 )
 from hbmwatch.service import build_collector
 from hbmwatch.settings import CollectorSettings, Settings, StoreSettings
-from store.engine import create_store_engine
-from store.migrate import upgrade
-from store.models import Base
-from store.store import Store, open_store
+from hbmwatch.store.engine import create_store_engine
+from hbmwatch.store.migrate import upgrade
+from hbmwatch.store.models import Base
+from hbmwatch.store.store import Store, open_store
 from tests.conftest import NOW, REPO, Clock, make_store
 
 DASHBOARDS = REPO / "dashboards"

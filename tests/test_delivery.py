@@ -22,7 +22,7 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-from alerts.delivery import (
+from hbmwatch.alerts.delivery import (
     SINCE_STATE,
     WEBHOOK_REPEAT_SECONDS,
     ZERO_TIME,

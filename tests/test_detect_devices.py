@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from detectors.devices import LinkErrors, Throttling
-from detectors.frame import Entities, Frame
+from hbmwatch.detectors.devices import LinkErrors, Throttling
+from hbmwatch.detectors.frame import Entities, Frame
 from hbmwatch.records import Finding
 
 STEP_MS = 1000

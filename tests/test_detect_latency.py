@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from detectors.context import Context
-from detectors.frame import Entities, Frame
-from detectors.latency import LatencyRegressions
+from hbmwatch.detectors.context import Context
+from hbmwatch.detectors.frame import Entities, Frame
+from hbmwatch.detectors.latency import LatencyRegressions
 from hbmwatch.records import Finding, Severity
 from hbmwatch.taxonomy import FindingKind
 

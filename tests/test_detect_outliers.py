@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 
-from detectors.frame import Entities, Frame
-from detectors.outliers import FleetOutliers
-from detectors.signals import MAX_STACKS
+from hbmwatch.detectors.frame import Entities, Frame
+from hbmwatch.detectors.outliers import FleetOutliers
+from hbmwatch.detectors.signals import MAX_STACKS
 from hbmwatch.taxonomy import Cause, FindingKind
 
 STEP_MS = 10_000

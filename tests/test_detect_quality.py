@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from detectors.frame import Entities, Frame
-from detectors.quality import DataQuality
+from hbmwatch.detectors.frame import Entities, Frame
+from hbmwatch.detectors.quality import DataQuality
 from hbmwatch.records import Finding, Severity
 
 STEP_MS = 1000

@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from detectors.base import make_finding
-from detectors.context import Context
-from detectors.frame import Entities, Frame
-from detectors.leadlag import lagged_corr as _lagged_corr
-from detectors.rootcause import RootCause
-from detectors.signals import MAX_STACKS
+from hbmwatch.detectors.base import make_finding
+from hbmwatch.detectors.context import Context
+from hbmwatch.detectors.frame import Entities, Frame
+from hbmwatch.detectors.leadlag import lagged_corr as _lagged_corr
+from hbmwatch.detectors.rootcause import RootCause
+from hbmwatch.detectors.signals import MAX_STACKS
 from hbmwatch.records import RankedCause, Severity
 from hbmwatch.taxonomy import Cause, FindingKind
 

@@ -16,15 +16,15 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from detectors.base import Episode, Hysteresis, latest, nanmedian, quiet_nan
-from detectors.frame import Entities, Frame
-from detectors.scorers import TrendBaseline, decay, group_median, group_median_columns
-from detectors.signals import MAX_STACKS
-from detectors.thermal import ThermalExcursions
-from detectors.thermal_layout import DEFAULT_LIMITS, N_SENSORS, PRIOR_SLOPE, SENSORS, Trace
+from hbmwatch.detectors.base import Episode, Hysteresis, latest, nanmedian, quiet_nan
+from hbmwatch.detectors.frame import Entities, Frame
+from hbmwatch.detectors.scorers import TrendBaseline, decay, group_median, group_median_columns
+from hbmwatch.detectors.signals import MAX_STACKS
+from hbmwatch.detectors.thermal import ThermalExcursions
+from hbmwatch.detectors.thermal_layout import DEFAULT_LIMITS, N_SENSORS, PRIOR_SLOPE, SENSORS, Trace
 from hbmwatch.records import Finding
 from hbmwatch.skus import lookup
-from store.feed import RecentSamples, SampleBlock
+from hbmwatch.store.feed import RecentSamples, SampleBlock
 
 
 # -- the reference: TrendBaseline before its *_local forms ----------------------------------
@@ -521,7 +521,7 @@ def reference_worst_sensor(
 
 
 def test_worst_sensor_and_number_cleaning_equal_the_numpy_forms() -> None:
-    from detectors.thermal_findings import _f
+    from hbmwatch.detectors.thermal_findings import _f
 
     det = ThermalExcursions()
     rng = np.random.default_rng(11)

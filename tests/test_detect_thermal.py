@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from detectors.frame import Entities, Frame
-from detectors.signals import MAX_STACKS
-from detectors.thermal import ThermalExcursions
+from hbmwatch.detectors.frame import Entities, Frame
+from hbmwatch.detectors.signals import MAX_STACKS
+from hbmwatch.detectors.thermal import ThermalExcursions
 from hbmwatch.records import Finding, Severity
 from hbmwatch.skus import lookup
 from hbmwatch.taxonomy import Cause, FindingKind

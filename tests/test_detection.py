@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors import default_detectors
-from detectors.base import make_finding
-from detectors.context import Context
-from detectors.signals import WATCHED_METRICS, route
 from hbmwatch.detection import DetectionRunner
+from hbmwatch.detectors import default_detectors
+from hbmwatch.detectors.base import make_finding
+from hbmwatch.detectors.context import Context
+from hbmwatch.detectors.signals import WATCHED_METRICS, route
 from hbmwatch.records import Evidence, RankedCause, Sample, SeriesKey, Severity
+from hbmwatch.store.store import Store
 from hbmwatch.taxonomy import Cause, FindingKind
-from store.store import Store
 from tests.conftest import Clock
 
 GPU = {"cluster": "c", "rack": "r0", "host": "n1", "gpu": "0", "sku": "H200", "vendor": "nvidia"}

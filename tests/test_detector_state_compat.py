@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from detectors.frame import Entities, Frame
-from detectors.outliers import FleetOutliers
-from detectors.quality import DataQuality
-from detectors.thermal import ThermalExcursions
+from hbmwatch.detectors.frame import Entities, Frame
+from hbmwatch.detectors.outliers import FleetOutliers
+from hbmwatch.detectors.quality import DataQuality
+from hbmwatch.detectors.thermal import ThermalExcursions
 from hbmwatch.records import finding_to_dict
 
 FIXTURE = Path(__file__).parent / "data" / "detector_state_v1.json"

@@ -16,15 +16,15 @@ from typing import Any
 import httpx
 import pytest
 
-from collector.engine import ScrapeEngine
-from collector.targets import Target, TargetSet
+from hbmwatch.collector.engine import ScrapeEngine
+from hbmwatch.collector.targets import Target, TargetSet
 from hbmwatch.evaluation import hourly_progress
 from hbmwatch.records import Sample
 from hbmwatch.settings import CollectorSettings
-from simulator.inprocess import InProcessServer
-from simulator.runner import Simulation
-from simulator.scenario import scenario_from_dict
-from simulator.server import SimServer
+from hbmwatch.simulator.inprocess import InProcessServer
+from hbmwatch.simulator.runner import Simulation
+from hbmwatch.simulator.scenario import scenario_from_dict
+from hbmwatch.simulator.server import SimServer
 
 START = 1_764_000_000.0
 #: sha256 of ``_pages_digest`` as the renderer before the speed-up (commit 0b29f81) wrote it.

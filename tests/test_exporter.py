@@ -7,13 +7,13 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.main import create_app
-from detectors.frame import Entities
+from hbmwatch.api.main import create_app
+from hbmwatch.detectors.frame import Entities
 from hbmwatch.metrics import EXPORTED
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.skus import lookup
 from hbmwatch.status import ServiceStatus, snapshot_from_frame
-from store.store import Store
+from hbmwatch.store.store import Store
 from tests.conftest import Clock
 from tests.test_api import open_incident, settings_for
 from tests.test_detect_thermal import SKU, make_frame

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.exposition import SeriesCache, parse, parse_series
-from simulator.runner import Simulation
-from simulator.scenario import load_scenario
+from hbmwatch.collector.exposition import SeriesCache, parse, parse_series
+from hbmwatch.simulator.runner import Simulation
+from hbmwatch.simulator.scenario import load_scenario
 
 PROM_FIXTURES = [
     "upstream/amd-device-metrics-exporter/metrics_mini.prom",

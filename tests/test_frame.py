@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.frame import TABLES, Entities, Frame, SeriesIndex
-from detectors.frame_builder import WRAPS, FrameBuilder, _stable_order, counter_deltas
-from detectors.signals import MAX_STACKS, SIGNAL_REDUCTION, SIGNALS
+from hbmwatch.detectors.frame import TABLES, Entities, Frame, SeriesIndex
+from hbmwatch.detectors.frame_builder import WRAPS, FrameBuilder, _stable_order, counter_deltas
+from hbmwatch.detectors.signals import MAX_STACKS, SIGNAL_REDUCTION, SIGNALS
 from hbmwatch.records import SeriesKey
-from store.feed import SampleBlock
+from hbmwatch.store.feed import SampleBlock
 
 GPU = {"cluster": "c", "rack": "r0", "host": "n1", "gpu": "0", "sku": "H200", "vendor": "nvidia"}
 OTHER = {**GPU, "gpu": "1"}

@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from collector.exposition import parse
-from collector.sources.dcgm import DcgmTranslator
-from collector.sources.dme import DmeTranslator
-from collector.sources.inference import InferenceTranslator
-from collector.sources.mapped import MappedTranslator, Mapping_, load_mapping
-from collector.sources.push import (
+from hbmwatch.collector.exposition import parse
+from hbmwatch.collector.sources.dcgm import DcgmTranslator
+from hbmwatch.collector.sources.dme import DmeTranslator
+from hbmwatch.collector.sources.inference import InferenceTranslator
+from hbmwatch.collector.sources.mapped import MappedTranslator, Mapping_, load_mapping
+from hbmwatch.collector.sources.push import (
     LatencyWindow,
     SampleBatch,
     StepTimes,
@@ -32,10 +32,10 @@ from collector.sources.push import (
     samples_from_latencies,
     samples_from_steps,
 )
-from collector.spellings import dcgm, dme, vllm
-from collector.spool import CorruptBatch, decode_batch
-from collector.targets import parse_target_file
-from collector.translate import Collected
+from hbmwatch.collector.spellings import dcgm, dme, vllm
+from hbmwatch.collector.spool import CorruptBatch, decode_batch
+from hbmwatch.collector.targets import parse_target_file
+from hbmwatch.collector.translate import Collected
 from hbmwatch.metrics import DROP_REASONS
 from hbmwatch.validation import ConfigError
 

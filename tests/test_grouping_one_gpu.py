@@ -11,7 +11,7 @@ findings through the alert engine; they run in milliseconds.
 
 from __future__ import annotations
 
-from alerts.engine import AlertEngine
+from hbmwatch.alerts.engine import AlertEngine
 from hbmwatch.records import Incident
 from hbmwatch.taxonomy import Cause
 from tests.test_alerts_engine import at

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from alerts.engine import AlertEngine
-from detectors.base import make_finding
+from hbmwatch.alerts.engine import AlertEngine
+from hbmwatch.detectors.base import make_finding
 from hbmwatch.records import (
     NO_EVIDENCE,
     UNEVIDENCED_MAX,

@@ -19,8 +19,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from fastapi import FastAPI
 
-from api.main import create_app
-from api.server import ApiServer
+from hbmwatch.api.main import create_app
+from hbmwatch.api.server import ApiServer
 from hbmwatch.settings import Settings, StoreSettings
 from tests.conftest import Clock, make_store
 from tests.test_incident_view import P99, TEMP, THROTTLE, scenario

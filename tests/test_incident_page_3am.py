@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
+from hbmwatch.api.main import create_app
 from hbmwatch.incident_view import build_incident_view, incident_chart
 from hbmwatch.records import (
     Alert,
@@ -38,8 +38,8 @@ from hbmwatch.records import (
     Severity,
 )
 from hbmwatch.settings import Settings, StoreSettings
+from hbmwatch.store.store import Store
 from hbmwatch.taxonomy import Cause
-from store.store import Store
 from tests.conftest import NOW, Clock, make_store
 from tests.test_incident_page import serving
 

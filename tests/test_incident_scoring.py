@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from alerts.delivery import webhook_alert
+from hbmwatch.alerts.delivery import webhook_alert
 from hbmwatch.eval_pager import Notification, PagerRecord
 from hbmwatch.evaluation import EVAL_START, start_time
 from hbmwatch.incident_report import score_incidents

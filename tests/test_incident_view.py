@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from detectors.base import make_finding
 from hbmwatch import svgchart
 from hbmwatch.alerting import Alerting
+from hbmwatch.detectors.base import make_finding
 from hbmwatch.incident_view import (
     PAD_AFTER_MS,
     PAD_BEFORE_MS,
@@ -28,9 +28,9 @@ from hbmwatch.incident_view import (
 )
 from hbmwatch.records import Evidence, Finding, RankedCause, Sample, SeriesKey, Severity
 from hbmwatch.settings import AlertSettings
+from hbmwatch.store.store import Store
 from hbmwatch.taxonomy import FindingKind
 from hbmwatch.validation import InvalidQuery
-from store.store import Store
 from tests.conftest import NOW, Clock
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from detectors.frame import Entities, Frame
-from detectors.latency import LatencyRegressions
+from hbmwatch.detectors.frame import Entities, Frame
+from hbmwatch.detectors.latency import LatencyRegressions
 from hbmwatch.records import Finding
 from hbmwatch.taxonomy import FindingKind
 from tests import test_detect_latency as lat

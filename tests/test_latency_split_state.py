@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.latency import LatencyRegressions
+from hbmwatch.detectors.latency import LatencyRegressions
 from tests import test_detect_latency as lat
 from tests.test_detector_state_compat import same
 

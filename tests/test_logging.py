@@ -15,7 +15,7 @@ from hbmwatch import log
 from hbmwatch.logfilters import RateLimiter, register_secrets, scrub_text
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.settings import Settings
-from store.guard import StoreUnavailable
+from hbmwatch.store.guard import StoreUnavailable
 from tests.conftest import Clock, make_store
 
 

@@ -7,14 +7,14 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from alerts import matchers as alert_matchers
-from api.main import create_app
+from hbmwatch.alerts import matchers as alert_matchers
+from hbmwatch.api.main import create_app
 from hbmwatch.matchers import parse_matcher, parse_matchers, quote
 from hbmwatch.query import Selector, parse_selector
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.settings import InhibitRuleSettings
+from hbmwatch.store.store import Store
 from hbmwatch.validation import InvalidQuery
-from store.store import Store
 from tests.test_alerts_engine import gpu
 from tests.test_api import TEMP, settings_for
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from store.engine import create_store_engine
-from store.migrate import current_revision, head_revision, include_name, upgrade
-from store.models import Base
+from hbmwatch.store.engine import create_store_engine
+from hbmwatch.store.migrate import current_revision, head_revision, include_name, upgrade
+from hbmwatch.store.models import Base
 
 
 def test_models_and_migrations_agree(store_url: str) -> None:

@@ -7,8 +7,8 @@ import warnings
 import numpy as np
 import pytest
 
-from detectors.base import nanmedian, quiet_nan
-from detectors.scorers import group_median
+from hbmwatch.detectors.base import nanmedian, quiet_nan
+from hbmwatch.detectors.scorers import group_median
 
 
 @pytest.mark.parametrize("shape", [(5,), (7, 3), (1, 4), (10, 60), (4, 8, 6), (0, 3), (3, 0)])

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hbmwatch.query import Aggregation, parse_selector
 from hbmwatch.settings import StoreSettings
-from store.store import open_store
+from hbmwatch.store.store import open_store
 from tests.test_service import HBMWATCH, clean_env, free_port
 
 DEADLINE = 120.0

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
+from hbmwatch.api.main import create_app
 from hbmwatch.query import Aggregation, parse_selector
 from hbmwatch.records import Device, Sample, SeriesKey
 from hbmwatch.settings import Settings, StoreSettings
-from store.store import Store, StoreUnavailable
+from hbmwatch.store.store import Store, StoreUnavailable
 from tests.conftest import NOW, Clock, make_store
 
 POWER = SeriesKey("gpu_power_watts", {"cluster": "c", "rack": "r", "host": "h", "gpu": "0"})

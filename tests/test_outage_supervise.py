@@ -14,8 +14,8 @@ import pytest
 
 from hbmwatch.detection import DetectionRunner
 from hbmwatch.records import Finding, Severity
+from hbmwatch.store.store import SchemaOutdated, StoreUnavailable
 from hbmwatch.supervise import FatalError, exits_on_fatal, supervise
-from store.store import SchemaOutdated, StoreUnavailable
 from tests.conftest import NOW, REPO, Clock, make_store
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from collector.spool import Spool
-from collector.writer import BatchingSink, SpoolingWriter
+from hbmwatch.collector.spool import Spool
+from hbmwatch.collector.writer import BatchingSink, SpoolingWriter
 from hbmwatch.query import Aggregation, parse_selector
 from hbmwatch.records import Sample, SeriesKey
-from store.store import Store, WriteResult
+from hbmwatch.store.store import Store, WriteResult
 from tests.conftest import NOW, Clock, make_store
 
 KEY = SeriesKey("gpu_power_watts", {"cluster": "c", "rack": "r", "host": "h", "gpu": "0"})

@@ -19,20 +19,20 @@ from pathlib import Path
 import pytest
 import structlog
 
-from collector.sources.amdsmi import (
+from hbmwatch.collector.sources.amdsmi import (
     AmdSmiLibraryCollector,
     AmdSmiTranslator,
     gpus_from_json,
     gpus_from_monitor,
     gpus_from_text,
 )
-from collector.sources.dcgm import DcgmTranslator
-from collector.sources.dme import DmeTranslator
-from collector.sources.inference import InferenceTranslator
-from collector.sources.mapped import load_mapping
-from collector.sources.nvidia_smi import NvidiaSmiTranslator, parse_csv
-from collector.targets import Target, TargetSet
-from collector.translate import Collected, TickPeriod
+from hbmwatch.collector.sources.dcgm import DcgmTranslator
+from hbmwatch.collector.sources.dme import DmeTranslator
+from hbmwatch.collector.sources.inference import InferenceTranslator
+from hbmwatch.collector.sources.mapped import load_mapping
+from hbmwatch.collector.sources.nvidia_smi import NvidiaSmiTranslator, parse_csv
+from hbmwatch.collector.targets import Target, TargetSet
+from hbmwatch.collector.translate import Collected, TickPeriod
 from hbmwatch.settings import CollectorSettings
 from hbmwatch.validation import ConfigError
 from tests.conftest import Clock, make_store

@@ -15,17 +15,17 @@ from xml.sax.saxutils import escape
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collector.sources.amdsmi import (
+from hbmwatch.collector.sources.amdsmi import (
     AmdSmiLibraryCollector,
     AmdSmiTranslator,
     gpus_from_json,
     gpus_from_monitor,
     gpus_from_text,
 )
-from collector.sources.nvidia_smi import NvidiaSmiTranslator, parse_csv
-from collector.sources.nvml import NvmlCollector
-from collector.spellings import amdsmi as spelling_amdsmi
-from collector.spellings import nvidia_smi as spelling_nvsmi
+from hbmwatch.collector.sources.nvidia_smi import NvidiaSmiTranslator, parse_csv
+from hbmwatch.collector.sources.nvml import NvmlCollector
+from hbmwatch.collector.spellings import amdsmi as spelling_amdsmi
+from hbmwatch.collector.spellings import nvidia_smi as spelling_nvsmi
 from tests.fakes.nvml import FakeNvml
 from tests.test_fuzz import FUZZ, assert_clean, hostile_text, json_tree, values
 

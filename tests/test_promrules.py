@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from alerts import promrules
+from hbmwatch.alerts import promrules
 from hbmwatch.metrics import EXPORTED, METRICS, MetricDef
 
 PROMTOOL = Path("/usr/bin/promtool")

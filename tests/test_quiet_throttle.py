@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 
-from detectors.base import make_finding
-from detectors.devices import Throttling
-from detectors.frame import Frame
+from hbmwatch.detectors.base import make_finding
+from hbmwatch.detectors.devices import Throttling
+from hbmwatch.detectors.frame import Frame
 from hbmwatch.records import Finding, Severity
 from hbmwatch.taxonomy import FindingKind
 from tests.test_detect_devices import chunks
@@ -109,7 +109,7 @@ def test_residency_hovering_at_the_threshold_is_one_episode_not_flaps() -> None:
 
 
 def test_the_settings_reach_the_detectors() -> None:
-    from detectors import default_detectors
+    from hbmwatch.detectors import default_detectors
     from hbmwatch.settings import DetectionSettings
 
     made = {d.name: d for d in default_detectors()}

@@ -16,11 +16,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from api.main import create_app
-from collector.targets import Target
+from hbmwatch.api.main import create_app
+from hbmwatch.collector.targets import Target
 from hbmwatch.settings import Settings, StoreSettings
 from hbmwatch.status import ServiceStatus
-from store.store import Store
+from hbmwatch.store.store import Store
 from tests.conftest import Clock, make_store
 from tests.test_collector import PageServer, engine_for
 from tests.test_service import HBMWATCH, clean_env, free_port

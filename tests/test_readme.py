@@ -14,8 +14,36 @@ def commands() -> list[str]:
 
 def test_readme_opens_with_run_then_test() -> None:
     run, test = commands()[:2]
-    assert run.endswith("hbmwatch up") and "pip install -e ." in run
-    assert "pytest" in test and "pip install -e '.[test]'" in test
+    assert run.endswith("hbmwatch up") and "pip install -r requirements/run.lock -e ." in run
+    assert "pytest" in test
+    assert "pip install -r requirements/test.lock -e '.[postgres,test]'" in test
+
+
+def test_the_locks_pin_every_dependency_the_project_declares() -> None:
+    """requirements/*.lock (pip-compile) hold an exact pin for each declared dependency."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    wanted = {
+        "run.lock": project["dependencies"] + extras["postgres"] + extras["nvidia"],
+        "test.lock": project["dependencies"] + extras["postgres"] + extras["test"],
+    }
+    for name, requirements in wanted.items():
+        text = (REPO / "requirements" / name).read_text()
+        lines = [ln for ln in text.splitlines() if "==" in ln and not ln.startswith("#")]
+        pins = {_name(ln.split("==")[0]): ln.split("==")[1].split()[0] for ln in lines}
+        for req in map(Requirement, requirements):
+            key = _name(req.name)
+            assert key in pins, f"{name} does not pin {req.name}"
+            assert req.specifier.contains(pins[key]), f"{name}: {req.name}=={pins[key]} vs {req}"
+        assert "file://" not in text and "hbmwatch" not in pins
+
+
+def _name(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
 
 
 def test_ci_runs_the_readme_test_command_verbatim() -> None:

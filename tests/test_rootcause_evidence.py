@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.base import make_finding
-from detectors.context import Context
-from detectors.frame import Entities, Frame
-from detectors.rootcause import RootCause
-from detectors.signals import MAX_STACKS
+from hbmwatch.detectors.base import make_finding
+from hbmwatch.detectors.context import Context
+from hbmwatch.detectors.frame import Entities, Frame
+from hbmwatch.detectors.rootcause import RootCause
+from hbmwatch.detectors.signals import MAX_STACKS
 from hbmwatch.records import (
     NO_EVIDENCE,
     UNEVIDENCED_MAX,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hbmwatch.simulator.runner import Simulation
+from hbmwatch.simulator.scenario import load_scenario, scenario_from_dict
 from hbmwatch.taxonomy import Cause, FindingKind
 from hbmwatch.validation import ConfigError
-from simulator.runner import Simulation
-from simulator.scenario import load_scenario, scenario_from_dict
 
 START = 1_800_000_000.0 - 8 * 3600 + 9 * 3600  # 09:00 UTC, as `hbmwatch eval` starts
 P99 = FindingKind.P99_REGRESSION.value

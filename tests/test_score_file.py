@@ -111,8 +111,8 @@ def test_cli_writes_scores_and_findings(tmp_path: Path) -> None:
 
 def test_probe_samples_csv_reads_back_as_a_long_trace(tmp_path: Path) -> None:
     """``collector.probe --samples-csv`` (the device script's capture) is score-file input."""
-    from collector.probe import probe
-    from collector.sources.nvml import NvmlCollector
+    from hbmwatch.collector.probe import probe
+    from hbmwatch.collector.sources.nvml import NvmlCollector
     from tests.fakes.nvml import FakeNvml
 
     source = NvmlCollector(FakeNvml(), host="gpu-host")

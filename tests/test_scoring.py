@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from detectors.base import make_finding
+from hbmwatch.detectors.base import make_finding
 from hbmwatch.records import Finding, RankedCause, Severity
 from hbmwatch.scoring import group_incidents, healthy_gpu_hours, score
 from hbmwatch.taxonomy import Cause

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from collector.targets import Target, resolve
+from hbmwatch.collector.targets import Target, resolve
 from hbmwatch.settings import CollectorSettings, TargetSettings
-from store.store import Store
+from hbmwatch.store.store import Store
 from tests.conftest import Clock, make_store
 from tests.test_scrape_limits import SlowPage, engine
 
@@ -70,9 +70,9 @@ def test_the_bundled_simulators_targets_get_the_same_default() -> None:
     """`hbmwatch up`'s own fleet used to be cut at 0.8 s whatever resolve() said."""
     from hbmwatch.service import simulator_targets
     from hbmwatch.settings import Settings
-    from simulator.inprocess import InProcessServer
-    from simulator.runner import Simulation
-    from simulator.scenario import load_scenario
+    from hbmwatch.simulator.inprocess import InProcessServer
+    from hbmwatch.simulator.runner import Simulation
+    from hbmwatch.simulator.scenario import load_scenario
 
     served = asyncio.run(InProcessServer(Simulation(load_scenario("default"))).start())
     got = simulator_targets(served, Settings())

@@ -18,16 +18,21 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
-import collector.engine as engine_module
-from collector.engine import ScrapeEngine
-from collector.limits import LimitExceeded, check_sample_limit, count_samples, drop_long_labels
-from collector.spool import Spool
-from collector.targets import Target, TargetSet
-from collector.writer import BatchingSink, SpoolingWriter
+import hbmwatch.collector.engine as engine_module
+from hbmwatch.collector.engine import ScrapeEngine
+from hbmwatch.collector.limits import (
+    LimitExceeded,
+    check_sample_limit,
+    count_samples,
+    drop_long_labels,
+)
+from hbmwatch.collector.spool import Spool
+from hbmwatch.collector.targets import Target, TargetSet
+from hbmwatch.collector.writer import BatchingSink, SpoolingWriter
 from hbmwatch.query import Aggregation, parse_selector
 from hbmwatch.service import tune_gc
 from hbmwatch.settings import CollectorSettings
-from store.store import Store
+from hbmwatch.store.store import Store
 from tests.conftest import Clock, make_store
 from tests.test_collector import PageServer
 

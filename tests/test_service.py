@@ -16,11 +16,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.main import create_app
+from hbmwatch.api.main import create_app
 from hbmwatch.settings import Settings, StoreSettings
-from store.engine import create_store_engine
-from store.migrate import head_revision
-from store.store import SchemaOutdated, Store, open_store
+from hbmwatch.store.engine import create_store_engine
+from hbmwatch.store.migrate import head_revision
+from hbmwatch.store.store import SchemaOutdated, Store, open_store
 
 HBMWATCH = [sys.executable, "-m", "hbmwatch.cli"]
 
@@ -47,7 +47,7 @@ def test_migrate_creates_sqlite_file_in_working_directory(tmp_path: Path) -> Non
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    from store.migrate import head_revision
+    from hbmwatch.store.migrate import head_revision
 
     assert f"schema at revision {head_revision()}" in out.stderr
     assert (tmp_path / "hbmwatch.db").exists()

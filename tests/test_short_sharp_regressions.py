@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from collector.sources.inference import InferenceTranslator
-from collector.spellings.vllm import TIME_TO_FIRST_TOKEN_BUCKETS
-from detectors.latency import LatencyRegressions
+from hbmwatch.collector.sources.inference import InferenceTranslator
+from hbmwatch.collector.spellings.vllm import TIME_TO_FIRST_TOKEN_BUCKETS
+from hbmwatch.detectors.latency import LatencyRegressions
 from hbmwatch.records import Finding
+from hbmwatch.simulator.runner import Simulation
+from hbmwatch.simulator.scenario import load_scenario
 from hbmwatch.taxonomy import FindingKind
-from simulator.runner import Simulation
-from simulator.scenario import load_scenario
 from tests import test_detect_latency as lat
 
 SCRAPE_S = 5  # hbmwatch eval scrapes latency pages every 5 s

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import structlog
 
-from simulator.process import FleetSpec, SimProcess, SimulatorFailed
+from hbmwatch.simulator.process import FleetSpec, SimProcess, SimulatorFailed
 
 
 def spec(tmp_path: Path, **kw: object) -> FleetSpec:

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.spellings import dcgm
+from hbmwatch.collector.spellings import dcgm
+from hbmwatch.simulator.faults import intensity
+from hbmwatch.simulator.fleet import Fleet
+from hbmwatch.simulator.physics import Demand, Physics
+from hbmwatch.simulator.runner import Simulation
+from hbmwatch.simulator.scenario import bundled_scenarios, load_scenario, scenario_from_dict
+from hbmwatch.simulator.server import SimServer
 from hbmwatch.skus import SKUS
 from hbmwatch.validation import ConfigError
-from simulator.faults import intensity
-from simulator.fleet import Fleet
-from simulator.physics import Demand, Physics
-from simulator.runner import Simulation
-from simulator.scenario import bundled_scenarios, load_scenario, scenario_from_dict
-from simulator.server import SimServer
 
 START = 1_800_000_000.0  # 08:00 UTC
 
@@ -377,7 +377,7 @@ def test_intensity_ramps_and_ends() -> None:
 
 # -- scenarios and ground truth --------------------------------------------------------------
 def test_bundled_scenarios_load_and_cover_every_fault_kind() -> None:
-    from simulator.scenario import FaultKind
+    from hbmwatch.simulator.scenario import FaultKind
 
     kinds = set()
     for name in bundled_scenarios():

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collector.sources.amdsmi import (
+from hbmwatch.collector.sources.amdsmi import (
     AmdSmiCollector,
     AmdSmiLibraryCollector,
     AmdSmiTranslator,
@@ -19,13 +19,13 @@ from collector.sources.amdsmi import (
     gpus_from_text,
     import_amdsmi,
 )
-from collector.sources.dcgm import DcgmTranslator
-from collector.sources.dme import DmeTranslator
-from collector.sources.inference import InferenceTranslator, histogram_quantile
-from collector.sources.mapped import MappedTranslator, load_mapping
-from collector.sources.nvidia_smi import NvidiaSmiTranslator, parse_csv
-from collector.sources.nvml import NvmlCollector
-from collector.sources.push import (
+from hbmwatch.collector.sources.dcgm import DcgmTranslator
+from hbmwatch.collector.sources.dme import DmeTranslator
+from hbmwatch.collector.sources.inference import InferenceTranslator, histogram_quantile
+from hbmwatch.collector.sources.mapped import MappedTranslator, load_mapping
+from hbmwatch.collector.sources.nvidia_smi import NvidiaSmiTranslator, parse_csv
+from hbmwatch.collector.sources.nvml import NvmlCollector
+from hbmwatch.collector.sources.push import (
     LatencyWindow,
     SampleBatch,
     StepTimes,
@@ -33,8 +33,8 @@ from collector.sources.push import (
     samples_from_latencies,
     samples_from_steps,
 )
-from collector.translate import Collected
-from store.registry import validate_series
+from hbmwatch.collector.translate import Collected
+from hbmwatch.store.registry import validate_series
 from tests.fakes.nvml import FakeNvml
 
 T = 1_800_000_000_000
@@ -360,7 +360,7 @@ def test_nvml_reads_fields_and_remembers_what_is_unsupported() -> None:
 
 # -- inference servers ------------------------------------------------------------------------
 def _vllm_page(counts: list[int], total_sum: float, model: str = "m") -> str:
-    from collector.spellings.vllm import REQUEST_LATENCY_BUCKETS
+    from hbmwatch.collector.spellings.vllm import REQUEST_LATENCY_BUCKETS
 
     edges = [*REQUEST_LATENCY_BUCKETS, "+Inf"]
     cumulative = np.cumsum(counts)

@@ -9,8 +9,8 @@ import pytest
 
 from hbmwatch.query import Aggregation, parse_selector
 from hbmwatch.records import Device, Sample, SeriesKey
+from hbmwatch.store.store import Store
 from hbmwatch.validation import InvalidQuery
-from store.store import Store
 from tests.conftest import NOW, Clock, make_store
 
 T0 = int(NOW * 1000) - 3_600_000  # an hour ago, minute-aligned

@@ -374,7 +374,7 @@ def test_the_api_reads_back_as_the_records_scoring_reads(tmp_path: Path, clock: 
     """What the soak test builds from ``/api/v1`` is what the engine stored."""
     from fastapi.testclient import TestClient
 
-    from api.main import create_app
+    from hbmwatch.api.main import create_app
     from tests.conftest import make_store
     from tests.test_api import READ, bearer, open_incident, settings_for
 
@@ -402,8 +402,8 @@ def test_the_api_reads_back_as_the_records_scoring_reads(tmp_path: Path, clock: 
 
 
 def _default_truth() -> dict[str, Any]:
-    from simulator.runner import Simulation
-    from simulator.scenario import load_scenario
+    from hbmwatch.simulator.runner import Simulation
+    from hbmwatch.simulator.scenario import load_scenario
 
     sim = Simulation(load_scenario("default"), start_unix=1_800_000_000.0)
     return sim.ground_truth() | {"evaluated_s": RUN_S}

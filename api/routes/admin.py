@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import ScopeAdmin, StoreDep
-from api.errors import ERROR_RESPONSES
-from api.schemas import CompactionOut
+from hbmwatch.api.deps import ScopeAdmin, StoreDep
+from hbmwatch.api.errors import ERROR_RESPONSES
+from hbmwatch.api.schemas import CompactionOut
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"], responses=ERROR_RESPONSES)
 

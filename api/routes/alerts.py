@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from alerts.matchers import matches_all, parse_matcher
-from api.deps import ScopeRead, StoreDep
-from api.errors import ERROR_RESPONSES
-from api.params import Cursor, Limit, TimeParam, page, parse_time
-from api.schemas import AlertOut, Page
+from hbmwatch.alerts.matchers import matches_all, parse_matcher
+from hbmwatch.api.deps import ScopeRead, StoreDep
+from hbmwatch.api.errors import ERROR_RESPONSES
+from hbmwatch.api.params import Cursor, Limit, TimeParam, page, parse_time
+from hbmwatch.api.schemas import AlertOut, Page
 from hbmwatch.records import AlertState, Severity
 from hbmwatch.validation import InvalidQuery
 

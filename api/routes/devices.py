@@ -7,10 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import ScopeRead, StoreDep
-from api.errors import ERROR_RESPONSES
-from api.params import Cursor, Limit, page
-from api.schemas import (
+from hbmwatch.api.deps import ScopeRead, StoreDep
+from hbmwatch.api.errors import ERROR_RESPONSES
+from hbmwatch.api.params import Cursor, Limit, page
+from hbmwatch.api.schemas import (
     DeviceOut,
     Page,
     Topology,

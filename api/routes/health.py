@@ -6,9 +6,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from api.deps import StatusDep, StoreDep
+from hbmwatch.api.deps import StatusDep, StoreDep
 from hbmwatch.status import ServiceStatus
-from store.migrate import current_revision, head_revision
+from hbmwatch.store.migrate import current_revision, head_revision
 
 router = APIRouter(tags=["health"])
 

@@ -9,11 +9,12 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Path, Query
 
-from alerts.engine import IncidentClosed
-from api.deps import AlertingDep, Scope, ScopeRead, ScopeWrite, StoreDep, actor
-from api.errors import ERROR_RESPONSES, ApiError, ErrorResponse, not_found
-from api.params import Cursor, Limit, TimeParam, page, parse_time
-from api.schemas import (
+from hbmwatch import metrics
+from hbmwatch.alerts.engine import IncidentClosed
+from hbmwatch.api.deps import AlertingDep, Scope, ScopeRead, ScopeWrite, StoreDep, actor
+from hbmwatch.api.errors import ERROR_RESPONSES, ApiError, ErrorResponse, not_found
+from hbmwatch.api.params import Cursor, Limit, TimeParam, page, parse_time
+from hbmwatch.api.schemas import (
     AlertOut,
     CauseOut,
     Entity,
@@ -26,7 +27,6 @@ from api.schemas import (
     TimelineEvent,
     rfc3339,
 )
-from hbmwatch import metrics
 from hbmwatch.incident_view import series_in
 from hbmwatch.records import Alert, Incident, IncidentState, Severity
 

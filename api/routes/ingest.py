@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 from fastapi import APIRouter
 
-from api.deps import ScopeWrite, StoreDep
-from api.errors import ERROR_RESPONSES
-from api.schemas import IngestResult
-from collector.sources.push import (
+from hbmwatch.api.deps import ScopeWrite, StoreDep
+from hbmwatch.api.errors import ERROR_RESPONSES
+from hbmwatch.api.schemas import IngestResult
+from hbmwatch.collector.sources.push import (
     LatencyWindow,
     SampleBatch,
     StepTimes,
@@ -22,9 +22,9 @@ from collector.sources.push import (
     samples_from_latencies,
     samples_from_steps,
 )
-from collector.translate import Collected
+from hbmwatch.collector.translate import Collected
+from hbmwatch.store.store import Store
 from hbmwatch.validation import InvalidQuery
-from store.store import Store
 
 router = APIRouter(prefix="/api/v1/ingest", tags=["ingest"], responses=ERROR_RESPONSES)
 

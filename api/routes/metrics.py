@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.deps import ScopeRead
+from hbmwatch.api.deps import ScopeRead
 
 router = APIRouter(tags=["metrics"])
 

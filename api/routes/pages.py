@@ -17,10 +17,10 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
-from api.deps import ScopeRead, StoreDep
+from hbmwatch.api.deps import ScopeRead, StoreDep
 from hbmwatch.incident_view import build_incident_view, incident_chart
 from hbmwatch.incident_words import duration, relative, utc, utc_time
-from store.store import StoreUnavailable
+from hbmwatch.store.store import StoreUnavailable
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 

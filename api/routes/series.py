@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import ScopeRead, SettingsDep, StoreDep
-from api.errors import ERROR_RESPONSES
-from api.params import Cursor, Limit, TimeParam, page, parse_step, parse_time
-from api.schemas import (
+from hbmwatch.api.deps import ScopeRead, SettingsDep, StoreDep
+from hbmwatch.api.errors import ERROR_RESPONSES
+from hbmwatch.api.params import Cursor, Limit, TimeParam, page, parse_step, parse_time
+from hbmwatch.api.schemas import (
     LatestResult,
     LatestSeries,
     Page,

@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, status
 
-from api.deps import AlertingDep, ScopeRead, ScopeWrite, StoreDep
-from api.errors import ERROR_RESPONSES, not_found
-from api.params import parse_time
-from api.schemas import SilenceIn, SilenceOut
+from hbmwatch.api.deps import AlertingDep, ScopeRead, ScopeWrite, StoreDep
+from hbmwatch.api.errors import ERROR_RESPONSES, not_found
+from hbmwatch.api.params import parse_time
+from hbmwatch.api.schemas import SilenceIn, SilenceOut
 from hbmwatch.records import Matcher
 from hbmwatch.validation import InvalidQuery, parse_duration
 

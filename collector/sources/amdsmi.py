@@ -15,8 +15,8 @@ import subprocess
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from collector.spellings import amdsmi as spelling
-from collector.translate import Collected, TickPeriod, device_for
+from hbmwatch.collector.spellings import amdsmi as spelling
+from hbmwatch.collector.translate import Collected, TickPeriod, device_for
 from hbmwatch.records import Device, SeriesKey
 
 Runner = Callable[[list[str]], str]

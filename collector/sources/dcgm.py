@@ -11,9 +11,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
-from collector.exposition import SeriesRef
-from collector.spellings import dcgm as spelling
-from collector.translate import Collected, LineTranslator, Mapped, add_fallbacks, device_for
+from hbmwatch.collector.exposition import SeriesRef
+from hbmwatch.collector.spellings import dcgm as spelling
+from hbmwatch.collector.translate import (
+    Collected,
+    LineTranslator,
+    Mapped,
+    add_fallbacks,
+    device_for,
+)
 from hbmwatch.records import Device, Sample, SeriesKey
 
 

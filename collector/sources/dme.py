@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from collector.exposition import SeriesRef
-from collector.spellings import Family
-from collector.spellings import dme as spelling
-from collector.translate import (
+from hbmwatch.collector.exposition import SeriesRef
+from hbmwatch.collector.spellings import Family
+from hbmwatch.collector.spellings import dme as spelling
+from hbmwatch.collector.translate import (
     PARTITIONS,
     Collected,
     LineTranslator,

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collector.exposition import ParsedPage, SeriesCache, parse
-from collector.spellings import vllm as spelling
-from collector.translate import Collected
+from hbmwatch.collector.exposition import ParsedPage, SeriesCache, parse
+from hbmwatch.collector.spellings import vllm as spelling
+from hbmwatch.collector.translate import Collected
 from hbmwatch.metrics import QUANTILES
 from hbmwatch.records import SeriesKey
 

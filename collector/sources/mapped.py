@@ -28,11 +28,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from collector.exposition import ParsedPage, ParsedSample, SeriesCache, parse
-from collector.sources.inference import InferenceTranslator
-from collector.targets import read_config_text
-from collector.translate import Collected, Mapped
 from hbmwatch import metrics
+from hbmwatch.collector.exposition import ParsedPage, ParsedSample, SeriesCache, parse
+from hbmwatch.collector.sources.inference import InferenceTranslator
+from hbmwatch.collector.targets import read_config_text
+from hbmwatch.collector.translate import Collected, Mapped
 from hbmwatch.records import SeriesKey
 from hbmwatch.validation import ConfigError
 

@@ -13,10 +13,10 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
-from collector.sources.amdsmi import Runner, SourceUnavailable, run_command
-from collector.spellings import dcgm as dcgm_spelling
-from collector.spellings import nvidia_smi as spelling
-from collector.translate import Collected, device_for
+from hbmwatch.collector.sources.amdsmi import Runner, SourceUnavailable, run_command
+from hbmwatch.collector.spellings import dcgm as dcgm_spelling
+from hbmwatch.collector.spellings import nvidia_smi as spelling
+from hbmwatch.collector.translate import Collected, device_for
 from hbmwatch.records import SeriesKey
 
 _NUMBER_UNIT = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([A-Za-z%/]*)\s*$")

@@ -15,14 +15,14 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from collector.spellings import dcgm as dcgm_spelling
-from collector.spellings import nvml as spelling
-from collector.translate import Collected, device_for
+from hbmwatch.collector.spellings import dcgm as dcgm_spelling
+from hbmwatch.collector.spellings import nvml as spelling
+from hbmwatch.collector.translate import Collected, device_for
 from hbmwatch.records import Device, SeriesKey
 
 
 def import_pynvml() -> Any:
-    from collector.sources.amdsmi import SourceUnavailable
+    from hbmwatch.collector.sources.amdsmi import SourceUnavailable
 
     try:
         import pynvml  # type: ignore[import-not-found]

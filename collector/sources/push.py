@@ -14,7 +14,7 @@ import math
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from collector.translate import Collected
+from hbmwatch.collector.translate import Collected
 from hbmwatch.metrics import QUANTILES
 from hbmwatch.records import Sample, SeriesKey
 

@@ -3,7 +3,7 @@
 ``amd-smi metric --json`` prints a list of GPUs (newer CLIs wrap it as
 ``{"gpu_data": [...]}``); leaves are ``{"value": .., "unit": ..}`` or ``"N/A"``.  The text
 output is the same tree with upper-case keys and ``VALUE UNIT`` strings.  Paths here are
-lower case.  Examples: ``../shared/fixtures/upstream/amdsmi``.
+lower case.  Examples: ``tests/fixtures/upstream/amdsmi``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """NVIDIA dcgm-exporter (``:9400/metrics``): fields, units, labels, both generations of names.
 
 Field names from ``etc/default-counters.csv`` and DCGM's ``dcgm_fields`` (fixtures in
-``../shared/fixtures/upstream/nvidia-dcgm-exporter``).  DCGM 4.6 standardised the field
+``tests/fixtures/upstream/nvidia-dcgm-exporter``).  DCGM 4.6 standardised the field
 identifiers (``DCGM_FI_DEV_GPU_TEMP`` -> ``DCGM_FI_DEV_GPU_TEMP_CELSIUS``) and kept the old
 ones as aliases, so both occur in the wild; so do the label spellings ``Hostname`` (before
 dcgm-exporter #655) and ``hostname``.  A field DCGM cannot read on a device is exported as
@@ -10,7 +10,7 @@ the sentinel 9223372036854775794 (0x7ffffffffffffff2) and must be dropped.
 
 from __future__ import annotations
 
-from collector.spellings import Family
+from hbmwatch.collector.spellings import Family
 
 DEFAULT_PORT = 9400
 #: What DCGM prints for a field it cannot read (DCGM_INT64_NOT_SUPPORTED, 0x7ffffffffffffff2).

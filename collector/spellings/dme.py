@@ -1,7 +1,7 @@
 """AMD Device Metrics Exporter (``:5000/metrics``): families, units, labels.
 
 Names and units from the exporter's docs (``docs/configuration/metricslist.md``) and its
-support matrix (``../shared/fixtures/upstream/amd-device-metrics-exporter``).  Every family
+support matrix (``tests/fixtures/upstream/amd-device-metrics-exporter``).  Every family
 is typed ``gauge`` by the exporter, accumulators included; a config may prefix every name
 (``CommonConfig.MetricsFieldPrefix``, e.g. ``amd_``).  Old builds spelled label names in
 upper case (``GPU_UUID``, ``SERIAL_NUMBER``); current builds lower-case them and always add
@@ -10,7 +10,7 @@ the mandatory labels.
 
 from __future__ import annotations
 
-from collector.spellings import Family
+from hbmwatch.collector.spellings import Family
 
 DEFAULT_PORT = 5000
 PREFIXES = ("", "amd_")

@@ -1,7 +1,7 @@
 """nvidia-smi (``--query-gpu`` CSV and ``-q -x`` XML): field names, units, canonical targets.
 
 From nvidia-smi's own ``--help-query-gpu`` and the captures in
-``../shared/fixtures/upstream/nvidia-smi-captures`` and ``../shared/fixtures/real/h200``.
+``tests/fixtures/upstream/nvidia-smi-captures`` and ``tests/fixtures/real/h200``.
 Drivers before 535 spell ``clocks_event_reasons`` as ``clocks_throttle_reasons``.
 """
 

@@ -1,5 +1,5 @@
 """A stand-in for the pynvml module, shaped like an H200 (values from the real capture in
-``../shared/fixtures/real/h200``).  NVML does not run on the test machine; the same
+``tests/fixtures/real/h200``).  NVML does not run on the test machine; the same
 collector runs against the real library on a GPU host (docs/collector.md)."""
 
 from __future__ import annotations
