@@ -4,7 +4,7 @@ The engine appends events as it learns of them, which is not always the order th
 happened in (an alert resolves at its finding's end, written a keep-firing hold later), so
 ``insert`` places each by time: no "resolved" row before "opened".  The stored timeline
 keeps every event (the API serves it raw); the incident page folds repeats for people
-(``hbmwatch/incident_timeline.py``).
+(``api/incident/timeline.py``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from hbmwatch.alerting import Alerting
+from hbmwatch.alerts.runner import Alerting
 from hbmwatch.api.errors import ApiError
 from hbmwatch.settings import Settings
 from hbmwatch.status import ServiceStatus

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from hbmwatch.api import errors
 from hbmwatch.api.admission import Admission
+from hbmwatch.api.exporter import Exporter
 from hbmwatch.api.middleware import BodyGuard, RequestMetrics, SecurityHeaders
 from hbmwatch.api.routes import (
     admin,
@@ -21,7 +22,6 @@ from hbmwatch.api.routes import (
     silences,
 )
 from hbmwatch.api.routes import series as series_routes
-from hbmwatch.exporter import Exporter
 from hbmwatch.settings import Settings
 from hbmwatch.status import ServiceStatus
 from hbmwatch.store.store import Store

@@ -248,7 +248,7 @@ class InhibitRuleSettings(_Section):
     @field_validator("source_matchers", "target_matchers")
     @classmethod
     def _matchers(cls, value: list[str]) -> list[str]:
-        from hbmwatch.alerts.matchers import parse_matcher
+        from hbmwatch.matchers import parse_matcher  # the one grammar, the kernel's
 
         for text in value:
             parse_matcher(text)  # raises ValueError naming the bad matcher

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from hbmwatch.alerting import Alerting
+from hbmwatch.alerts.runner import Alerting
 from hbmwatch.records import AlertState, Finding, IncidentState, Matcher
 from hbmwatch.settings import AlertSettings
 from hbmwatch.store.store import Store

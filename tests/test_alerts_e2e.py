@@ -18,11 +18,11 @@ from typing import Any
 import httpx
 import pytest
 
-from hbmwatch.alerting import Alerting
 from hbmwatch.alerts.delivery import Dispatcher
-from hbmwatch.detection import CycleReport
-from hbmwatch.evaluation import run_scenario
+from hbmwatch.alerts.runner import Alerting
+from hbmwatch.evaluation.run import run_scenario
 from hbmwatch.records import AlertState, IncidentState, Matcher
+from hbmwatch.runtime.detection import CycleReport
 from hbmwatch.settings import AlertSettings, ReceiverSettings
 from hbmwatch.simulator.scenario import scenario_from_dict
 from hbmwatch.store.store import Store

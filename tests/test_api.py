@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from hbmwatch.alerting import Alerting
+from hbmwatch.alerts.runner import Alerting
 from hbmwatch.api.main import create_app
 from hbmwatch.query import parse_selector
 from hbmwatch.records import Device, Evidence, RankedCause, Sample, SeriesKey, Severity

@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hbmwatch.alerts.engine import IncidentClosed
-from hbmwatch.apiprocess import _portable
 from hbmwatch.records import IncidentState
-from hbmwatch.relay import (
+from hbmwatch.runtime.apiprocess import _portable
+from hbmwatch.runtime.relay import (
     AlertingProxy,
     RelayClient,
     RelayedMetrics,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hbmwatch.benchmarks import TelemetryShape
+from hbmwatch.bench.benchmarks import TelemetryShape
 
 
 def test_bench_store_reports_all_figures(tmp_path: Path, request: pytest.FixtureRequest) -> None:
@@ -62,7 +62,7 @@ def test_telemetry_shape_is_canonical_and_deterministic() -> None:
 
 
 def test_bench_api_loads_a_fleet_day_and_times_both_reads(tmp_path: Path) -> None:
-    from hbmwatch.bench_api import bench_api
+    from hbmwatch.bench.api import bench_api
 
     db = tmp_path / "api.db"
     report = bench_api(gpus=8, hours=2, db=db, requests=6, warmup=2)
@@ -97,7 +97,7 @@ def test_bench_api_loads_a_fleet_day_and_times_both_reads(tmp_path: Path) -> Non
 
 
 def test_bench_api_refuses_a_database_it_did_not_build(tmp_path: Path) -> None:
-    from hbmwatch.bench_api import ensure_loaded
+    from hbmwatch.bench.api import ensure_loaded
     from hbmwatch.validation import HbmwatchError
 
     db = tmp_path / "someone-elses.db"

@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from hbmwatch.alerting import Alerting
+from hbmwatch.alerts.runner import Alerting
 from hbmwatch.settings import AlertSettings, StoreSettings
 from hbmwatch.store.store import open_store
 from hbmwatch.taxonomy import FindingKind

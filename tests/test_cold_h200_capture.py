@@ -17,7 +17,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hbmwatch.offline import DetectorOptions, ScoredFile, merge_traces, read_trace, score_trace
+from hbmwatch.runtime.offline import (
+    DetectorOptions,
+    ScoredFile,
+    merge_traces,
+    read_trace,
+    score_trace,
+)
 from hbmwatch.taxonomy import FindingKind
 
 FOLDER = Path(__file__).parent.parent / "docs" / "device-runs" / "2026-11-26-h200-trace"

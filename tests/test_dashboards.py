@@ -41,7 +41,7 @@ from hbmwatch.records import (
     SeriesKey,
     Severity,
 )
-from hbmwatch.service import build_collector
+from hbmwatch.runtime.service import build_collector
 from hbmwatch.settings import CollectorSettings, Settings, StoreSettings
 from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.migrate import upgrade

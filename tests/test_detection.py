@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from hbmwatch.detection import DetectionRunner
 from hbmwatch.detectors import default_detectors
 from hbmwatch.detectors.base import make_finding
 from hbmwatch.detectors.context import Context
 from hbmwatch.detectors.signals import WATCHED_METRICS, route
 from hbmwatch.records import Evidence, RankedCause, Sample, SeriesKey, Severity
+from hbmwatch.runtime.detection import DetectionRunner
 from hbmwatch.store.store import Store
 from hbmwatch.taxonomy import Cause, FindingKind
 from tests.conftest import Clock

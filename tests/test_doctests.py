@@ -12,9 +12,10 @@ import pkgutil
 
 import pytest
 
-ROOMS = ("hbmwatch", "hbmwatch.alerts", "hbmwatch.api", "hbmwatch.collector",
+ROOMS = ("hbmwatch", "hbmwatch.alerts", "hbmwatch.api", "hbmwatch.collector", "hbmwatch.runtime",
+         "hbmwatch.evaluation", "hbmwatch.bench", "hbmwatch.cli",
          "hbmwatch.detectors", "hbmwatch.simulator", "hbmwatch.store")  # fmt: skip
-SKIP = ("hbmwatch.collector.probe",)  # a script for a GPU machine, run with -m
+SKIP = ("hbmwatch.collector.probe", "hbmwatch.cli.__main__")  # scripts, run with -m
 
 
 def _module_names() -> list[str]:

@@ -18,7 +18,7 @@ import pytest
 
 from hbmwatch.collector.engine import ScrapeEngine
 from hbmwatch.collector.targets import Target, TargetSet
-from hbmwatch.evaluation import hourly_progress
+from hbmwatch.evaluation.run import hourly_progress
 from hbmwatch.records import Sample
 from hbmwatch.settings import CollectorSettings
 from hbmwatch.simulator.inprocess import InProcessServer

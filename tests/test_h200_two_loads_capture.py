@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hbmwatch.offline import ScoredFile, merge_traces, read_trace, score_trace
 from hbmwatch.records import Finding
+from hbmwatch.runtime.offline import ScoredFile, merge_traces, read_trace, score_trace
 from hbmwatch.taxonomy import Cause, FindingKind
 
 FOLDER = Path(__file__).parent.parent / "docs" / "device-runs" / "2026-11-27-h200-two-loads"

@@ -227,7 +227,7 @@ def test_a_cause_without_evidence_is_not_shown_as_confident() -> None:
 
 
 def test_the_timeline_is_in_time_order_and_folds_repeats() -> None:
-    from hbmwatch.incident_timeline import timeline_rows
+    from hbmwatch.api.incident.timeline import timeline_rows
 
     e = engine()
     for k in range(12):  # twelve GPUs throttle briefly, one after another

@@ -140,7 +140,7 @@ def test_text_from_the_store_is_escaped_and_the_page_has_no_script(tmp_path: Pat
     """Summaries and labels are data: they must never become markup."""
     from fastapi.testclient import TestClient
 
-    from hbmwatch.alerting import Alerting
+    from hbmwatch.alerts.runner import Alerting
     from hbmwatch.settings import AlertSettings
     from tests.test_incident_view import GPU, NOW_MS, thermal_finding
 

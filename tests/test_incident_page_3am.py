@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from hbmwatch.api.incident.view import build_incident_view, incident_chart
 from hbmwatch.api.main import create_app
-from hbmwatch.incident_view import build_incident_view, incident_chart
 from hbmwatch.records import (
     Alert,
     AlertState,
@@ -304,7 +304,7 @@ def test_the_busy_incident_reads_at_3am_in_chromium(served_busy: str, tmp_path: 
 @pytest.mark.skipif("entity" not in RankedCause.__dataclass_fields__,
                     reason="RankedCause has no entity here")  # fmt: skip
 def test_a_cause_is_shown_on_the_entity_its_ranker_names() -> None:
-    from hbmwatch.incident_words import cause_view
+    from hbmwatch.api.incident.words import cause_view
 
     evidence = (Evidence(f"rise of {TEMP.text}", "max change", 30.0, 5.0),)
     rack = RankedCause(Cause.COOLING, 0.8, evidence, "", entity=RACK)  # type: ignore[call-arg]
@@ -339,7 +339,7 @@ def test_evidence_two_alerts_of_one_finding_both_carry_is_listed_once(store: Sto
 
 
 def test_the_baseline_ends_when_the_first_alert_began_but_not_hours_before(store: Store) -> None:
-    from hbmwatch.incident_view import MAX_LOOKBACK_MS, baseline_end
+    from hbmwatch.api.incident.view import MAX_LOOKBACK_MS, baseline_end
 
     busy_incident(store)
     inc = store.alerts.incident(INCIDENT)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from hbmwatch import svgchart
-from hbmwatch.incident_series import ChartedSeries
-from hbmwatch.incident_view import unit_panel
+from hbmwatch.api.incident import svgchart
+from hbmwatch.api.incident.series import ChartedSeries
+from hbmwatch.api.incident.view import unit_panel
 
 SVG = "{http://www.w3.org/2000/svg}"
 T0 = 1_800_000_000.0

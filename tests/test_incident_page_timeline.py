@@ -1,4 +1,4 @@
-"""The incident page's timeline rows (hbmwatch/incident_timeline.py): ordered and folded,
+"""The incident page's timeline rows (api/incident/timeline.py): ordered and folded,
 whatever order or shape the stored timeline has."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from hbmwatch.incident_timeline import (
+from hbmwatch.api.incident.timeline import (
     FOLD_ALERTS,
     AlertGroup,
     alert_rows,

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from hbmwatch.alerts.delivery import webhook_alert
-from hbmwatch.eval_pager import Notification, PagerRecord
-from hbmwatch.evaluation import EVAL_START, start_time
-from hbmwatch.incident_report import score_incidents
-from hbmwatch.incident_scoring import names_cause, pages, score_run
+from hbmwatch.evaluation.incident_report import score_incidents
+from hbmwatch.evaluation.incident_scoring import names_cause, pages, score_run
+from hbmwatch.evaluation.pager import Notification, PagerRecord
+from hbmwatch.evaluation.run import EVAL_START, start_time
 from hbmwatch.records import (
     Alert,
     AlertState,

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hbmwatch.cli import app
-from hbmwatch.evaluation import EVAL_START
+from hbmwatch.evaluation.run import EVAL_START
 
 SCENARIO = """
 name = "short_target_down"

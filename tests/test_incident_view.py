@@ -1,4 +1,4 @@
-"""The incident page's content (hbmwatch/incident_view.py) and its SVG chart (svgchart.py).
+"""The incident page's content (api/incident/view.py) and its SVG chart (svgchart.py).
 
 The scenario is what on-call meet most: a GPU's memory heats up, HBM throttling follows,
 and the p99 of the workload on that GPU regresses; the alert engine groups the regression
@@ -16,16 +16,16 @@ from dataclasses import dataclass
 
 import pytest
 
-from hbmwatch import svgchart
-from hbmwatch.alerting import Alerting
-from hbmwatch.detectors.base import make_finding
-from hbmwatch.incident_view import (
+from hbmwatch.alerts.runner import Alerting
+from hbmwatch.api.incident import svgchart
+from hbmwatch.api.incident.view import (
     PAD_AFTER_MS,
     PAD_BEFORE_MS,
     build_incident_view,
     chart_window,
     incident_chart,
 )
+from hbmwatch.detectors.base import make_finding
 from hbmwatch.records import Evidence, Finding, RankedCause, Sample, SeriesKey, Severity
 from hbmwatch.settings import AlertSettings
 from hbmwatch.store.store import Store

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hbmwatch.detection import DetectionRunner
 from hbmwatch.records import Finding, Severity
+from hbmwatch.runtime.detection import DetectionRunner
+from hbmwatch.runtime.supervise import FatalError, exits_on_fatal, supervise
 from hbmwatch.store.store import SchemaOutdated, StoreUnavailable
-from hbmwatch.supervise import FatalError, exits_on_fatal, supervise
 from tests.conftest import NOW, REPO, Clock, make_store
 
 
@@ -103,7 +103,7 @@ def test_a_thread_stuck_at_exit_cannot_hang_the_process() -> None:
     """The hang of issue 12: interpreter shutdown waiting forever on a stuck worker thread."""
     code = (
         "import threading, sys\n"
-        "from hbmwatch.supervise import exit_deadline\n"
+        "from hbmwatch.runtime.supervise import exit_deadline\n"
         "threading.Thread(target=threading.Event().wait).start()  # stuck, not a daemon\n"
         "exit_deadline(1.0)\n"
         "sys.exit(0)\n"

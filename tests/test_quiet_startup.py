@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from hbmwatch.collector.targets import Target
-from hbmwatch.detection import DetectionRunner
 from hbmwatch.detectors.quality import DataQuality
 from hbmwatch.records import Finding
+from hbmwatch.runtime.detection import DetectionRunner
 from tests.conftest import Clock, make_store
 from tests.test_collector import PageServer, engine_for
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hbmwatch.offline import TraceError, merge_traces, read_trace, score_trace
+from hbmwatch.runtime.offline import TraceError, merge_traces, read_trace, score_trace
 from hbmwatch.taxonomy import Cause
 
 T0 = 1_795_670_000

@@ -1,4 +1,4 @@
-"""Scoring against hand-built ground truth: each definition of ``hbmwatch.scoring``."""
+"""Scoring against hand-built ground truth: each definition of ``hbmwatch.evaluation.scoring``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from hbmwatch.detectors.base import make_finding
+from hbmwatch.evaluation.scoring import group_incidents, healthy_gpu_hours, score
 from hbmwatch.records import Finding, RankedCause, Severity
-from hbmwatch.scoring import group_incidents, healthy_gpu_hours, score
 from hbmwatch.taxonomy import Cause
 
 T0 = 1_800_000_000.0

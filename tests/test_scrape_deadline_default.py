@@ -68,7 +68,7 @@ def test_a_page_a_second_late_is_up_at_the_default_deadline(
 
 def test_the_bundled_simulators_targets_get_the_same_default() -> None:
     """`hbmwatch up`'s own fleet used to be cut at 0.8 s whatever resolve() said."""
-    from hbmwatch.service import simulator_targets
+    from hbmwatch.runtime.service import simulator_targets
     from hbmwatch.settings import Settings
     from hbmwatch.simulator.inprocess import InProcessServer
     from hbmwatch.simulator.runner import Simulation

@@ -30,7 +30,7 @@ from hbmwatch.collector.spool import Spool
 from hbmwatch.collector.targets import Target, TargetSet
 from hbmwatch.collector.writer import BatchingSink, SpoolingWriter
 from hbmwatch.query import Aggregation, parse_selector
-from hbmwatch.service import tune_gc
+from hbmwatch.runtime.service import tune_gc
 from hbmwatch.settings import CollectorSettings
 from hbmwatch.store.store import Store
 from tests.conftest import Clock, make_store

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hbmwatch.service import on_own_loop
+from hbmwatch.runtime.service import on_own_loop
 
 
 def test_a_blocking_loop_on_its_own_thread_leaves_the_main_loop_free() -> None:

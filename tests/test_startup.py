@@ -143,7 +143,7 @@ def test_read_commands_work_once_migrated(tmp_path: Path) -> None:
 
 
 def test_preflight_passes_a_free_port_and_a_reachable_postgres(pg_url: str) -> None:
-    from hbmwatch import preflight
+    from hbmwatch.runtime import preflight
 
     assert preflight.bind_error("127.0.0.1", closed_port()) is None
     preflight.check_store(StoreSettings(url=pg_url))  # no error: the server answers
@@ -151,7 +151,7 @@ def test_preflight_passes_a_free_port_and_a_reachable_postgres(pg_url: str) -> N
 
 def test_preflight_reports_a_postgres_that_stopped(private_pg: dict) -> None:
     """A real server, stopped: the same one line as a port that was never served."""
-    from hbmwatch import preflight
+    from hbmwatch.runtime import preflight
 
     url = private_pg["url"]
     preflight.check_store(StoreSettings(url=url))

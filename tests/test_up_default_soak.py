@@ -4,7 +4,7 @@ Issue 13's first "Must hold", checked on the path a new user runs: the real `hbm
 in a subprocess (its simulator and API in child processes, start-up included), delivering
 to a recording Alertmanager-format webhook receiver.  The test reads incidents and alerts
 over the REST API every few seconds, as on-call would, and scores them with the
-definitions of ``hbmwatch.incident_scoring`` (docs/detection.md "Scoring incidents").
+definitions of ``hbmwatch.evaluation.incident_scoring`` (docs/detection.md "Scoring incidents").
 
 It takes 20 wall minutes, so it is marked ``soak`` and deselected by default:
 ``.venv/bin/python -m pytest -m soak tests/test_up_default_soak.py -v``.
@@ -33,14 +33,15 @@ from typing import Any
 import httpx
 import pytest
 
-from hbmwatch.eval_pager import Notification, PagerRecord
-from hbmwatch.incident_scoring import (
+from hbmwatch.evaluation.incident_scoring import (
     RunIncidents,
     covers,
     fired_alerts,
     merged_away,
     score_run,
 )
+from hbmwatch.evaluation.pager import Notification, PagerRecord
+from hbmwatch.evaluation.scoring import fault_truth
 from hbmwatch.records import (
     Alert,
     AlertState,
@@ -51,7 +52,6 @@ from hbmwatch.records import (
     RankedCause,
     Severity,
 )
-from hbmwatch.scoring import fault_truth
 from tests.alertmanager import Received, WebhookSink
 from tests.test_service import HBMWATCH, clean_env, free_port
 

@@ -13,6 +13,7 @@ from hbmwatch import metrics
 from hbmwatch.alerts.engine import IncidentClosed
 from hbmwatch.api.deps import AlertingDep, Scope, ScopeRead, ScopeWrite, StoreDep, actor
 from hbmwatch.api.errors import ERROR_RESPONSES, ApiError, ErrorResponse, not_found
+from hbmwatch.api.incident.view import series_in
 from hbmwatch.api.params import Cursor, Limit, TimeParam, page, parse_time
 from hbmwatch.api.schemas import (
     AlertOut,
@@ -27,7 +28,6 @@ from hbmwatch.api.schemas import (
     TimelineEvent,
     rfc3339,
 )
-from hbmwatch.incident_view import series_in
 from hbmwatch.records import Alert, Incident, IncidentState, Severity
 
 router = APIRouter(prefix="/api/v1", tags=["incidents"], responses=ERROR_RESPONSES)

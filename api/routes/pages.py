@@ -3,7 +3,7 @@
 Alerts carry ``incident_url`` = ``{alerts.external_url}/incidents/{id}``, so the page lives
 at exactly ``/incidents/{id}``.  It is plain HTML with an inline SVG chart: readable with
 JavaScript off, from a phone, through a proxy.  Jinja2 autoescapes every value; the chart
-markup is built (and escaped) by ``hbmwatch.svgchart``.
+markup is built (and escaped) by ``hbmwatch.api.incident.svgchart``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 from markupsafe import Markup
 
 from hbmwatch.api.deps import ScopeRead, StoreDep
-from hbmwatch.incident_view import build_incident_view, incident_chart
-from hbmwatch.incident_words import duration, relative, utc, utc_time
+from hbmwatch.api.incident.view import build_incident_view, incident_chart
+from hbmwatch.api.incident.words import duration, relative, utc, utc_time
 from hbmwatch.store.store import StoreUnavailable
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -68,5 +68,5 @@ def incident_page(
             "belong to another hbmwatch (check the link's host).",
         )  # fmt: skip
     base_url = str(request.base_url).rstrip("/")
-    chart = Markup(incident_chart(view))  # built and escaped by hbmwatch.svgchart
+    chart = Markup(incident_chart(view))  # built and escaped by hbmwatch.api.incident.svgchart
     return render("incident.html", view=view, chart=chart, base_url=base_url)

@@ -32,7 +32,7 @@ def bench_store(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
 ) -> None:
     """Ingest rate against the bare driver, bytes per sample at rest, a day-range query."""
-    from hbmwatch import benchmarks
+    from hbmwatch.bench import benchmarks
 
     log.configure("warning")
     console.print(f"[bold]hbmwatch bench store[/bold] on {benchmarks.machine()}")
@@ -101,7 +101,7 @@ def bench_sim(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
 ) -> None:
     """How much faster than real time the simulator runs a fleet at 1 s steps."""
-    from hbmwatch import benchmarks
+    from hbmwatch.bench import benchmarks
 
     _check_fleet_size(gpus)
     log.configure("warning")
@@ -133,7 +133,7 @@ def bench_collect(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
 ) -> None:
     """Parser lines/s beside prometheus_client's, and scrape-to-store samples/s."""
-    from hbmwatch import benchmarks
+    from hbmwatch.bench import benchmarks
 
     if gpus < 64 or gpus % 64 or page_gpus % 8:
         console.print("[red]error:[/red] --gpus must be a multiple of 64, --page-gpus of 8")
@@ -172,7 +172,7 @@ def bench_detect(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
 ) -> None:
     """Seconds a detection cycle takes over a fleet's newest minute (target: under 1 s)."""
-    from hbmwatch import benchmarks
+    from hbmwatch.bench import benchmarks
 
     _check_fleet_size(gpus)
     log.configure("warning")
@@ -211,9 +211,9 @@ def bench_api(
     """p99 of a one-GPU-day range query and an incident detail over HTTP (target: 100 ms)."""
     from rich.progress import MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from hbmwatch import bench_api as api_bench
-    from hbmwatch import benchmarks
-    from hbmwatch.service import tune_gc
+    from hbmwatch.bench import api as api_bench
+    from hbmwatch.bench import benchmarks
+    from hbmwatch.runtime.service import tune_gc
 
     if gpus < 8 or gpus % 8:
         console.print("[red]error:[/red] --gpus must be a positive multiple of 8")

@@ -19,7 +19,7 @@ from hbmwatch.records import AlertState, Finding, Incident, Matcher, Silence
 from hbmwatch.settings import AlertSettings
 from hbmwatch.store.store import Store, StoreUnavailable
 
-logger = log.get("hbmwatch.alerting")
+logger = log.get("hbmwatch.alerts.runner")
 
 
 class Alerting:

@@ -6,7 +6,7 @@ found.  Each detection cycle's findings go to the real ``Alerting`` over the run
 ``Dispatcher`` sends what is due to a webhook receiver, a small Starlette app served by
 uvicorn on 127.0.0.1 in the run's own event loop, which records every Alertmanager-format
 notification with the simulated time it arrived.  Both are driven on the simulated clock, so
-a run gives the same pages every time.  ``hbmwatch.incident_scoring`` scores the record.
+a run gives the same pages every time.  ``hbmwatch.evaluation.incident_scoring`` scores the record.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from hbmwatch.alerting import Alerting
 from hbmwatch.alerts.delivery import Dispatcher
-from hbmwatch.detection import CycleReport
+from hbmwatch.alerts.runner import Alerting
 from hbmwatch.records import Alert, Incident
+from hbmwatch.runtime.detection import CycleReport
 from hbmwatch.settings import AlertSettings, ReceiverSettings
 from hbmwatch.store.store import Store
 

@@ -20,19 +20,20 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from hbmwatch import log
-from hbmwatch.alerting import Alerting
 from hbmwatch.alerts.delivery import Dispatcher
+from hbmwatch.alerts.runner import Alerting
 from hbmwatch.api.server import ApiServerError
-from hbmwatch.apiprocess import ApiProcess
 from hbmwatch.collector.engine import ScrapeEngine
 from hbmwatch.collector.spool import Spool
 from hbmwatch.collector.targets import Target as CollectorTarget
 from hbmwatch.collector.targets import TargetSet, default_timeout
 from hbmwatch.collector.writer import BatchingSink, SpoolingWriter
-from hbmwatch.detection import DetectionRunner
 from hbmwatch.detectors import default_detectors
 from hbmwatch.detectors.context import Context
 from hbmwatch.records import Finding
+from hbmwatch.runtime.apiprocess import ApiProcess
+from hbmwatch.runtime.detection import DetectionRunner
+from hbmwatch.runtime.supervise import exit_deadline, exits_on_fatal, stop_on_signals, supervise
 from hbmwatch.settings import DetectionSettings, Settings
 from hbmwatch.simulator.process import FleetSpec, SimProcess, SimulatorFailed
 from hbmwatch.simulator.server import Target
@@ -41,7 +42,6 @@ from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.guard import unavailable
 from hbmwatch.store.migrate import upgrade
 from hbmwatch.store.store import Store, StoreUnavailable, open_store
-from hbmwatch.supervise import exit_deadline, exits_on_fatal, stop_on_signals, supervise
 from hbmwatch.validation import ConfigError
 
 COMPACT_EVERY_SECONDS = 15.0
@@ -49,7 +49,7 @@ RETENTION_EVERY_SECONDS = 3600.0
 #: At a stop, how long the collector waits for a stuck store write before spooling instead.
 DRAIN_SECONDS = 20.0
 
-logger = log.get("hbmwatch.service")
+logger = log.get("hbmwatch.runtime.service")
 
 
 def tune_gc() -> None:
@@ -267,7 +267,7 @@ async def run(settings: Settings) -> None:
 def _spawn(
     group: asyncio.TaskGroup, stop: asyncio.Event, name: str, loop: Callable[[], Awaitable[None]]
 ) -> None:
-    """Run ``loop`` in ``group``, restarted after errors (hbmwatch/supervise.py)."""
+    """Run ``loop`` in ``group``, restarted after errors (runtime/supervise.py)."""
     group.create_task(supervise(name, loop, stop))
 
 

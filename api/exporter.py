@@ -21,7 +21,7 @@ from hbmwatch.records import AlertState, IncidentState
 from hbmwatch.status import LabelledValue, ServiceStatus
 from hbmwatch.store.store import Store, StoreUnavailable
 
-logger = log.get("hbmwatch.exporter")
+logger = log.get("hbmwatch.api.exporter")
 
 #: Alerts and incidents resolved longer ago than this are not read at scrape time.
 LIVE_LOOKBACK_MS = 3_600_000

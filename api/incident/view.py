@@ -19,9 +19,9 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from hbmwatch import svgchart
 from hbmwatch.alerts.engine import describe
-from hbmwatch.incident_series import (
+from hbmwatch.api.incident import svgchart
+from hbmwatch.api.incident.series import (
     BASELINE_MS,
     P99,
     ChartedSeries,
@@ -29,8 +29,8 @@ from hbmwatch.incident_series import (
     chart_step,
     read_series,
 )
-from hbmwatch.incident_timeline import AlertGroup, TimelineRow, alert_rows, timeline_rows
-from hbmwatch.incident_words import (
+from hbmwatch.api.incident.timeline import AlertGroup, TimelineRow, alert_rows, timeline_rows
+from hbmwatch.api.incident.words import (
     CauseView,
     Entity,
     EvidenceLine,

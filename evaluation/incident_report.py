@@ -5,7 +5,7 @@ then what no fault explains; ``checks`` holds the targets of issue 13 ("Must hol
 per fault kind at least 0.95 of faults with exactly one incident and top cause right in at
 least 0.9; median time to page at most 60 s over the thermal kinds; no noisy neighbour
 blamed on heat; at most 1 unexplained page per 1,000 healthy GPU-hours.  Definitions are
-in ``hbmwatch.incident_scoring``.
+in ``hbmwatch.evaluation.incident_scoring``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,13 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from hbmwatch.incident_scoring import IncidentOutcome, PagedRunLike, RunIncidents, score_run
-from hbmwatch.scoring import (
+from hbmwatch.evaluation.incident_scoring import (
+    IncidentOutcome,
+    PagedRunLike,
+    RunIncidents,
+    score_run,
+)
+from hbmwatch.evaluation.scoring import (
     THERMAL_FAULTS,
     CheckedReport,
     mean,

@@ -21,7 +21,7 @@ from hbmwatch import log
 from hbmwatch.store.store import SchemaOutdated, StoreUnavailable
 from hbmwatch.validation import ConfigError
 
-logger = log.get("hbmwatch.service")
+logger = log.get("hbmwatch.runtime.service")
 
 #: Errors no restart can fix: the service stops, exiting non-zero.
 FATAL: tuple[type[BaseException], ...] = (SchemaOutdated, ConfigError, MemoryError)

@@ -1,6 +1,6 @@
 """What the API's process asks of the service's: its status, its metrics, its alerting.
 
-Under ``hbmwatch up`` the API runs in a process of its own (``hbmwatch/apiprocess.py``) so
+Under ``hbmwatch up`` the API runs in a process of its own (``runtime/apiprocess.py``) so
 that 200 readers cannot take the collector's CPU time or GIL.  Most of what the API serves
 comes from the store, which both processes open; three things live only in the service:
 
@@ -34,7 +34,7 @@ from hbmwatch import log
 from hbmwatch.status import FleetSnapshot, ServiceStatus
 from hbmwatch.store.guard import StoreUnavailable
 
-logger = log.get("hbmwatch.relay")
+logger = log.get("hbmwatch.runtime.relay")
 
 #: How long the API process waits for the service's answer before giving up (a 503).
 CALL_TIMEOUT_SECONDS = 30.0

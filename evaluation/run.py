@@ -8,10 +8,10 @@ target that is due (exporters every step, latency pages every ``workload_scrape_
 real scrape engine, parsers and spool-backed writer into a fresh SQLite store), and every
 ``detect_every_s`` simulated seconds one detection cycle.  The simulated clock drives the
 store and the detectors, so a 30-minute scenario runs in a minute or two of wall time and
-gives the same answer every time.  ``hbmwatch.scoring`` compares the findings with the
-scenario's ground truth.  Each cycle's findings also go through the real alerting and
-delivery (``hbmwatch.eval_pager``), so ``hbmwatch.incident_scoring`` can score the incidents
-and pages on-call would have got.  A run starts at ``EVAL_START`` (09:00) unless told
+gives the same answer every time.  ``scoring`` compares the findings with the scenario's
+ground truth.  Each cycle's findings also go through the real alerting and delivery
+(``pager``), so ``incident_scoring`` can score the incidents and pages on-call would have
+got.  A run starts at ``EVAL_START`` (09:00) unless told
 another instant (``start_time``: a chosen or a seeded random hour of the simulated day).
 """
 
@@ -34,11 +34,11 @@ from hbmwatch.collector.engine import BatchingSink, ScrapeEngine
 from hbmwatch.collector.spool import Spool
 from hbmwatch.collector.targets import Target, TargetSet
 from hbmwatch.collector.writer import SpoolingWriter
-from hbmwatch.detection import CycleReport, DetectionRunner
 from hbmwatch.detectors import default_detectors
 from hbmwatch.detectors.context import Context
-from hbmwatch.eval_pager import Pager, PagerRecord
+from hbmwatch.evaluation.pager import Pager, PagerRecord
 from hbmwatch.records import Finding
+from hbmwatch.runtime.detection import CycleReport, DetectionRunner
 from hbmwatch.settings import CollectorSettings, StoreSettings
 from hbmwatch.simulator.inprocess import InProcessServer
 from hbmwatch.simulator.runner import Simulation

@@ -33,11 +33,11 @@ import numpy as np
 import pandas as pd
 
 from hbmwatch.collector.exposition import MalformedLine, parse_series
-from hbmwatch.detection import DetectionRunner
 from hbmwatch.detectors import default_detectors
 from hbmwatch.detectors.context import Context
 from hbmwatch.metrics import METRICS
 from hbmwatch.records import Finding, Sample, SeriesKey, finding_to_dict
+from hbmwatch.runtime.detection import DetectionRunner
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.migrate import upgrade

@@ -1,9 +1,9 @@
 """Incidents and pages scored against a scenario's ground truth: what on-call would have got.
 
-``hbmwatch.scoring`` judges findings; this module judges what the alert engine built from
-them and what delivery sent (``hbmwatch.eval_pager`` records both).  The definitions,
+``hbmwatch.evaluation.scoring`` judges findings; this module judges what the alert engine built from
+them and what delivery sent (``hbmwatch.evaluation.pager`` records both).  The definitions,
 exactly (times in Unix seconds; entity matching, causes and healthy GPU-hours are those of
-``hbmwatch.scoring``, an alert's labels read as a finding's entity):
+``hbmwatch.evaluation.scoring``, an alert's labels read as a finding's entity):
 
 * **Covers.** An alert covers a fault when its labels match the fault's entity, a fault of
   that kind explains its ``kind`` label (``data_quality`` only by sensor and target-down
@@ -45,9 +45,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hbmwatch.eval_pager import Notification, PagerRecord
-from hbmwatch.records import Alert, Incident, RankedCause
-from hbmwatch.scoring import (
+from hbmwatch.evaluation.pager import Notification, PagerRecord
+from hbmwatch.evaluation.scoring import (
     AFTER_S,
     BEFORE_S,
     SLACK_AFTER_S,
@@ -60,6 +59,7 @@ from hbmwatch.scoring import (
     kind_explained,
     same_cause,
 )
+from hbmwatch.records import Alert, Incident, RankedCause
 from hbmwatch.taxonomy import Cause
 
 PAGING_SEVERITIES = ("warning", "critical")

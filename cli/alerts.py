@@ -30,7 +30,7 @@ def _when(ms: int | None) -> str:
 
 
 def _store(settings: Settings):
-    from hbmwatch.preflight import check_store
+    from hbmwatch.runtime.preflight import check_store
     from hbmwatch.store.store import open_store
     from hbmwatch.validation import HbmwatchError
 
@@ -67,8 +67,8 @@ def list_incidents(settings: Settings, *, all_: bool, as_json: bool, limit: int)
 
 def add_silence(settings: Settings, matchers: list[str], *, duration: str, by: str,
                 comment: str) -> None:  # fmt: skip
-    from hbmwatch.alerting import Alerting
     from hbmwatch.alerts.matchers import parse_matcher
+    from hbmwatch.alerts.runner import Alerting
     from hbmwatch.validation import parse_duration
 
     try:
@@ -107,7 +107,7 @@ def list_silences(settings: Settings, *, all_: bool) -> None:
 
 
 def expire_silence(settings: Settings, silence_id: str) -> None:
-    from hbmwatch.alerting import Alerting
+    from hbmwatch.alerts.runner import Alerting
 
     store = _store(settings)
     try:

@@ -7,7 +7,7 @@ operating system schedules them, and the child runs at a lower priority (``api.n
 when the CPU is short the collector gets it first and readers wait.
 
 The child opens the store itself; what only the service knows (its status, its metrics, its
-alerting engine) it asks for over a pipe (``hbmwatch/relay.py``).  If the child dies the
+alerting engine) it asks for over a pipe (``runtime/relay.py``).  If the child dies the
 service keeps collecting and starts another; if the service dies the child sees the pipe
 close and stops.
 """
@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from hbmwatch import log
 from hbmwatch.api.server import ApiServerError
-from hbmwatch.relay import RelayServer, StatusView
+from hbmwatch.runtime.relay import RelayServer, StatusView
 from hbmwatch.settings import Settings
 from hbmwatch.status import ServiceStatus
 
@@ -171,7 +171,7 @@ def _child_main(spec: ApiSpec, conn: Connection) -> None:
 def _build(spec: ApiSpec, conn: Connection, on_gone: Callable[[], None]) -> tuple[Any, Any, Any]:
     from hbmwatch.api.main import create_app
     from hbmwatch.api.server import ApiServer
-    from hbmwatch.relay import AlertingProxy, RelayClient, RelayedMetrics, StatusMirror
+    from hbmwatch.runtime.relay import AlertingProxy, RelayClient, RelayedMetrics, StatusMirror
     from hbmwatch.store.store import open_store
 
     settings = spec.settings

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from hbmwatch import metrics
-from hbmwatch.benchmarks import machine
+from hbmwatch.bench.benchmarks import machine
 from hbmwatch.query import parse_selector
 from hbmwatch.records import Evidence, Finding, RankedCause, SeriesKey, Severity
 from hbmwatch.settings import AlertSettings, Settings, StoreSettings
@@ -474,7 +474,7 @@ def make_incident(store: Store, start_ms: int, end_ms: int) -> dict[str, Any]:
     The findings go through the alert engine (``Alerting``), which opens the incident,
     ranks its causes and stores it with its alerts, as ``hbmwatch up`` would.
     """
-    from hbmwatch.alerting import Alerting
+    from hbmwatch.alerts.runner import Alerting
 
     temps = store.series(parse_selector(f'{QUERY_METRIC}{{rack="r0"}}'), limit=10_000)
     p99 = parse_selector('workload_latency_seconds{rack="r0",quantile="0.99",phase="e2e"}')
@@ -509,7 +509,7 @@ def serve_forever(db: Path) -> None:
 
     from hbmwatch import log
     from hbmwatch.api.main import create_app
-    from hbmwatch.service import tune_gc
+    from hbmwatch.runtime.service import tune_gc
     from hbmwatch.store.store import open_store
 
     log.configure("warning")
@@ -544,7 +544,7 @@ def _announcing_server() -> type:
 def served(db: Path) -> Iterator[str]:
     """A separate process serving the API (as `hbmwatch up` would); yields its base URL."""
     with tempfile.TemporaryFile() as errors:
-        argv = [sys.executable, "-m", "hbmwatch.bench_api", str(db)]
+        argv = [sys.executable, "-m", "hbmwatch.bench.api", str(db)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True)
         try:
             port = (proc.stdout.readline() if proc.stdout else "").strip()

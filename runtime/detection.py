@@ -24,7 +24,7 @@ from hbmwatch.records import Finding
 from hbmwatch.store.feed import RecentSamples, SampleBlock
 from hbmwatch.store.store import Store, StoreUnavailable
 
-logger = log.get("hbmwatch.detection")
+logger = log.get("hbmwatch.runtime.detection")
 STATE_PREFIX = "detector:"
 RUNNER_STATE = "detection:runner"
 

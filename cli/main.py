@@ -15,7 +15,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from hbmwatch import cli_alerts, cli_bench, log, preflight
+from hbmwatch import log
+from hbmwatch.cli import alerts as cli_alerts
+from hbmwatch.cli import bench as cli_bench
+from hbmwatch.runtime import preflight
 from hbmwatch.settings import Settings, load_settings
 from hbmwatch.validation import HbmwatchError
 
@@ -85,7 +88,7 @@ def migrate(config: ConfigOption = None) -> None:
     """Create or upgrade the database schema to the latest migration."""
     settings = _settings(config)
     _check_store(settings)  # before the service's heavy imports: a bad URL fails at once
-    from hbmwatch.service import migrate as run_migrate
+    from hbmwatch.runtime.service import migrate as run_migrate
 
     revision = run_migrate(settings)
     console.print(f"schema at revision {revision}")
@@ -107,7 +110,7 @@ def up(
         preflight.before_up(settings)
     except HbmwatchError as exc:
         raise fail(exc) from None
-    from hbmwatch import service
+    from hbmwatch.runtime import service
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(service.run(settings))
@@ -136,7 +139,7 @@ def collect(
         )
         raise typer.Exit(2)
     _check_store(settings)
-    from hbmwatch import service
+    from hbmwatch.runtime import service
 
     try:
         report = asyncio.run(service.collect(settings, once=once, seconds=seconds))
@@ -249,7 +252,8 @@ def eval_(
 ) -> None:
     """Run scenarios through collector, store, detectors, alerting and delivery; score the
     findings and the incidents and pages against ground truth."""
-    from hbmwatch import evaluation, incident_report, scoring
+    from hbmwatch.evaluation import incident_report, scoring
+    from hbmwatch.evaluation import run as evaluation
 
     log.configure("warning")
     seeds: list[int | None] = list(seed) if seed else [None]
@@ -329,7 +333,7 @@ def score_file(
     For a short capture, shorten --warmup (and --hold): by default a baseline learns 180 s
     and a regression up to 2x must last 75 s (3x: 20 s; 10x: 5 s).
     """
-    from hbmwatch import offline
+    from hbmwatch.runtime import offline
 
     log.configure("warning")
     labels = {}

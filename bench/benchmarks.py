@@ -20,7 +20,7 @@ import numpy as np
 
 from hbmwatch.query import Aggregation, parse_selector
 from hbmwatch.records import Sample, SeriesKey
-from hbmwatch.service import tune_gc
+from hbmwatch.runtime.service import tune_gc
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store.bench import PostgresCeiling, SqliteCeiling, bytes_at_rest
 from hbmwatch.store.engine import create_store_engine
@@ -494,7 +494,7 @@ def scrape_to_store(gpus: int, rounds: int, workdir: Path | None = None) -> dict
     from hbmwatch.collector.spool import Spool
     from hbmwatch.collector.targets import Target, TargetSet
     from hbmwatch.collector.writer import SpoolingWriter
-    from hbmwatch.service import tune_gc
+    from hbmwatch.runtime.service import tune_gc
     from hbmwatch.settings import CollectorSettings
 
     scenario = fleet_scenario(gpus)
@@ -575,7 +575,7 @@ def bench_detect(*, gpus: int, minutes: int, workdir: Path | None = None) -> dic
     import asyncio
     import statistics
 
-    from hbmwatch.evaluation import run_scenario
+    from hbmwatch.evaluation.run import run_scenario
     from hbmwatch.simulator.scenario import scenario_from_dict
 
     spec = fleet_scenario(gpus, duration=f"{minutes}m")

@@ -1,0 +1,1 @@
+"""`hbmwatch eval` and its scoring: scenarios through the whole path, scored against truth."""
