@@ -7,7 +7,7 @@ over the REST API every few seconds, as on-call would, and scores them with the
 definitions of ``hbmwatch.evaluation.incident_scoring`` (docs/detection.md "Scoring incidents").
 
 It takes 20 wall minutes, so it is marked ``soak`` and deselected by default:
-``.venv/bin/python -m pytest -m soak tests/test_up_default_soak.py -v``.
+``.venv/bin/python -m pytest -m soak -n0 tests/test_up_default_soak.py -v``.
 
 Why at speed 1: the collector stamps each sample with its own (wall) scrape time, so at
 ``simulator.speed`` s the store sees s simulated seconds in each second.  The faults'
