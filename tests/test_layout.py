@@ -81,3 +81,16 @@ def test_the_checker_sees_a_wrong_import(tmp_path: Path) -> None:
     assert any(m == "hbmwatch.cli" for _, m in _imports(bad))
     assert _room_of("hbmwatch.cli.main") == "cli" and _room_of("hbmwatch.metrics") == ""
     assert FLOORS[_room_of("hbmwatch.cli")] > FLOORS[_room_of("hbmwatch.store.store")]
+
+
+def test_the_readme_shows_these_floors() -> None:
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Architecture") : readme.index("## Documentation")]
+    shown: dict[str, int] = {}
+    for floor, rooms in re.findall(r"^\| (\d+) \| ([^|]+) \|", section, re.M):
+        for folder in re.findall(r"`([a-z_]+)/`", rooms):
+            room = next(r for r, f in CODE_ROOMS.items() if f == folder)
+            shown[room] = int(floor)
+    assert shown == FLOORS
