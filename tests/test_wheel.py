@@ -72,6 +72,18 @@ def test_the_wheel_installs_hbmwatch_alone(installed: Path) -> None:
 
 
 @pytest.mark.slow
+def test_without_the_postgres_extra_a_postgres_url_is_one_line(
+    installed: Path, tmp_path: Path
+) -> None:
+    """The wheel alone has no database driver: SQLite needs none, PostgreSQL names its extra."""
+    env = clean_env(HBMWATCH_STORE__URL="postgresql://hbmwatch@127.0.0.1:1/hbmwatch")
+    done = subprocess.run([str(installed / "hbmwatch"), "migrate"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode != 0
+    assert "pip install 'hbmwatch[postgres]'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
 def test_the_installed_wheel_migrates_and_comes_up_ready(installed: Path, tmp_path: Path) -> None:
     hbmwatch = str(installed / "hbmwatch")
     port = free_port()
