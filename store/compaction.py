@@ -1,0 +1,229 @@
+"""Compaction and retention: closed minutes leave the head for chunks and rollups, then expire.
+
+Compaction moves each closed minute of the head into one encoded chunk per series and folds
+it into the hourly rollup, merging late samples into chunks already written; the watermark
+moves with the data, in the same transaction.  Retention drops raw sample data, minute rows
+and hour rows, each after its own retention.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, text
+
+from hbmwatch.settings import StoreSettings
+from hbmwatch.store import codec
+from hbmwatch.store.backend import DAY_MS, Backend
+from hbmwatch.store.guard import guarded
+from hbmwatch.store.results import CompactionReport, StoreMetrics
+from hbmwatch.store.tiers import (
+    HOUR_MS,
+    MINUTE_MS,
+    WATERMARK,
+    batches,
+    floor,
+    in_list,
+    read_watermark,
+    write_watermark,
+)
+
+
+@guarded
+class Compaction:
+    """Compaction and retention for ``Store``, a mixin over the attributes it sets.
+
+    Relies on: ``engine``, ``settings``, ``backend``, ``metrics``, ``now_ms``, ``get_state``;
+    the lock ``_write_lock`` (shared with the write path, so a minute is never compacted
+    while a write into it is half done) and ``_watermark_read_at``, reset whenever the
+    watermark moves so the write path re-reads it.
+    """
+
+    engine: Engine
+    settings: StoreSettings
+    backend: Backend
+    metrics: StoreMetrics
+    now_ms: Callable[[], int]
+    get_state: Callable[[str], Any]
+    _write_lock: threading.Lock
+    _watermark_read_at: float
+
+    def watermark_ms(self) -> int:
+        """Minutes before this instant are compacted into chunks."""
+        value = self.get_state(WATERMARK)
+        return int(value) if value is not None else 0
+
+    def compact(self, now_ms: int | None = None) -> CompactionReport:
+        """Move closed minutes from the head into chunks and fold them into the tiers."""
+        now = self.now_ms() if now_ms is None else now_ms
+        target = floor(now - int(self.settings.compaction_grace_seconds * 1000), MINUTE_MS)
+        minutes = samples = chunks = merged = 0
+        while True:
+            with self._write_lock, self.engine.begin() as conn:
+                oldest = conn.execute(text("SELECT min(ts) FROM samples_head")).scalar()
+                if oldest is None or oldest >= target:
+                    # Every minute before the target is now complete in the tiers.
+                    if read_watermark(conn) < target:
+                        write_watermark(conn, target)
+                        self._watermark_read_at = -math.inf
+                    break
+                lo = floor(int(oldest), MINUTE_MS)
+                watermark = read_watermark(conn)
+                n, c, m = self._compact_minute(conn, lo, watermark)
+                if lo + MINUTE_MS > watermark:
+                    write_watermark(conn, lo + MINUTE_MS)
+                    self._watermark_read_at = -math.inf
+            minutes, samples, chunks, merged = minutes + 1, samples + n, chunks + c, merged + m
+        self.metrics.compacted.inc(samples)
+        return CompactionReport(minutes, samples, chunks, merged)
+
+    def _compact_minute(self, conn: Any, lo: int, watermark: int) -> tuple[int, int, int]:
+        raw = conn.connection.driver_connection
+        cur = raw.cursor()
+        placeholder = "?" if self.backend.name == "sqlite" else "%s"
+        cur.execute(
+            f"SELECT ts, series_id, value FROM samples_head WHERE ts >= {placeholder} "
+            f"AND ts < {placeholder}",
+            (lo, lo + MINUTE_MS),
+        )
+        fetched = cur.fetchall()
+        cur.close()
+        data = np.array(fetched, dtype=np.float64).reshape(-1, 3)
+        ts = data[:, 0].astype(np.int64)
+        sid = data[:, 1].astype(np.int64)
+        values = data[:, 2]
+        order = np.lexsort((ts, sid))
+        ts, sid, values = ts[order], sid[order], values[order]
+        starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
+        seg_sid = sid[starts]
+
+        existing: dict[int, tuple[Any, ...]] = {}
+        if lo < watermark:  # late samples: their minute may already have a chunk
+            for batch in batches(seg_sid.tolist()):
+                for row in conn.execute(
+                    text(
+                        "SELECT series_id, count, min, max, sum, last, data FROM samples_chunk "
+                        f"WHERE start_ms = :lo AND series_id IN ({in_list(batch)})"
+                    ),
+                    {"lo": lo},
+                ):
+                    existing[int(row[0])] = tuple(row)
+
+        fresh_segments = [i for i, s in enumerate(seg_sid.tolist()) if s not in existing]
+        ends = np.r_[starts[1:], len(ts)]
+        chunk_rows: list[tuple[Any, ...]] = []
+        hour_rows: list[tuple[Any, ...]] = []
+        hour = floor(lo, HOUR_MS)
+        if fresh_segments:
+            pick = np.concatenate([np.arange(starts[i], ends[i]) for i in fresh_segments])
+            sub_starts = np.r_[0, np.cumsum(ends[fresh_segments] - starts[fresh_segments])[:-1]]
+            enc = codec.encode_segments(
+                np.full(len(fresh_segments), lo), ts[pick], values[pick], sub_starts
+            )
+            last_ts = ts[ends[fresh_segments] - 1]
+            for j, i in enumerate(fresh_segments):
+                stats = (
+                    int(enc.count[j]),
+                    float(enc.min[j]),
+                    float(enc.max[j]),
+                    float(enc.sum[j]),
+                    float(enc.last[j]),
+                )
+                chunk_rows.append((int(seg_sid[i]), lo, *stats, enc.blobs[j]))
+                hour_rows.append((int(seg_sid[i]), hour, *stats, int(last_ts[j])))
+        self.backend.write_chunks(conn, chunk_rows, replace=False)
+
+        merged_rows: list[tuple[Any, ...]] = []
+        for i, s in enumerate(seg_sid.tolist()):
+            if s in existing:
+                merged = self._merge_late(
+                    existing[s], lo, ts[starts[i] : ends[i]], values[starts[i] : ends[i]]
+                )
+                if merged is not None:
+                    merged_rows.append((s, lo, *merged[0]))
+                    hour_rows.append((s, hour, *merged[1]))
+        self.backend.write_chunks(conn, merged_rows, replace=True)
+        self.backend.merge_rollup_1h(conn, hour_rows)
+        conn.execute(
+            text("DELETE FROM samples_head WHERE ts >= :lo AND ts < :hi"),
+            {"lo": lo, "hi": lo + MINUTE_MS},
+        )
+        return len(ts), len(chunk_rows) + len(merged_rows), len(merged_rows)
+
+    @staticmethod
+    def _merge_late(
+        row: tuple[Any, ...], lo: int, ts: np.ndarray, values: np.ndarray
+    ) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+        """Merge late samples into a stored chunk; stored values win on equal timestamps.
+
+        Returns the new chunk columns and the statistics of what was added (for the hourly
+        tier), or None when nothing was new.  A chunk whose raw samples have expired takes
+        nothing: writes that old are refused, so only a retention pass racing a write gets
+        here.
+        """
+        blob = row[6]
+        if blob is None:
+            return None
+        old_ts, old_values = codec.decode(bytes(blob), lo)
+        new_mask = ~np.isin(ts, old_ts)
+        add_ts, add_values = ts[new_mask], values[new_mask]
+        if len(add_ts) == 0:
+            return None
+        all_ts = np.r_[old_ts, add_ts]
+        all_values = np.r_[old_values, add_values]
+        order = np.argsort(all_ts, kind="stable")
+        all_ts, all_values = all_ts[order], all_values[order]
+        chunk = (
+            len(all_ts),
+            float(all_values.min()),
+            float(all_values.max()),
+            float(all_values.sum()),
+            float(all_values[-1]),
+            codec.encode(lo, all_ts, all_values),
+        )
+        added = (
+            len(add_ts),
+            float(add_values.min()),
+            float(add_values.max()),
+            float(add_values.sum()),
+            float(add_values[-1]),
+            int(add_ts[-1]),
+        )
+        return chunk, added
+
+    def apply_retention(self, now_ms: int | None = None) -> dict[str, int]:
+        """Expire raw samples, then 1-minute and 1-hour rows, each after its own retention."""
+        now = self.now_ms() if now_ms is None else now_ms
+        s = self.settings
+        raw_cutoff = now - int(s.raw_retention_days * DAY_MS)
+        minute_cutoff = now - int(s.rollup_1m_retention_days * DAY_MS)
+        hour_cutoff = now - int(s.rollup_1h_retention_days * DAY_MS)
+        with self._write_lock, self.engine.begin() as conn:
+            raw = conn.execute(
+                text(
+                    "UPDATE samples_chunk SET data = NULL WHERE series_id IN (SELECT id FROM "
+                    "series) AND start_ms < :cutoff AND data IS NOT NULL"
+                ),
+                {"cutoff": raw_cutoff},
+            ).rowcount
+            head = conn.execute(
+                text("DELETE FROM samples_head WHERE ts < :cutoff"), {"cutoff": raw_cutoff}
+            ).rowcount
+            minute = self.backend.drop_minute_tier_before(conn, minute_cutoff)
+            hour = conn.execute(
+                text(
+                    "DELETE FROM rollup_1h WHERE series_id IN (SELECT id FROM series) "
+                    "AND start_ms < :cutoff"
+                ),
+                {"cutoff": hour_cutoff},
+            ).rowcount
+        return {
+            "raw_chunks_expired": raw or 0,
+            "head_rows_deleted": head or 0,
+            "minute_rows_deleted": minute,
+            "hour_rows_deleted": hour or 0,
+        }

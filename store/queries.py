@@ -1,0 +1,343 @@
+"""The queries: series by selector, range and counter queries over the tiers, latest values.
+
+A range query reads the cheapest tier that can answer it: hourly rollups, then minute chunks
+up to the compaction watermark, then the head; raw samples when the step or the aggregation
+needs them.  Every query is bounded (series, points) before it touches the database.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, text
+
+from hbmwatch import metrics
+from hbmwatch.query import Aggregation, Selector
+from hbmwatch.records import Point, SeriesKey, SeriesPoints
+from hbmwatch.settings import StoreSettings
+from hbmwatch.store import aggregate as agg_math
+from hbmwatch.store import codec
+from hbmwatch.store.aggregate import Partials
+from hbmwatch.store.guard import guarded
+from hbmwatch.store.registry import SeriesRegistry
+from hbmwatch.store.results import LatestValue, QueryResult
+from hbmwatch.store.tiers import HOUR_MS, MINUTE_MS, batches, floor, in_list, read_watermark
+from hbmwatch.validation import InvalidQuery, QueryTooExpensive
+
+MAX_POINTS_PER_SERIES = 11_000
+_ROLLUP_AGGS = frozenset(
+    {
+        Aggregation.AVG,
+        Aggregation.MIN,
+        Aggregation.MAX,
+        Aggregation.SUM,
+        Aggregation.COUNT,
+        Aggregation.LAST,
+    }
+)
+
+
+@guarded
+class Queries:
+    """The read half of ``Store``, a mixin over the attributes ``Store.__init__`` sets.
+
+    Relies on: ``engine``, ``settings`` (the query limits, raw retention for warnings),
+    ``series_registry`` (refreshed before selecting, as another process may have added
+    series) and ``now_ms``.
+    """
+
+    engine: Engine
+    settings: StoreSettings
+    series_registry: SeriesRegistry
+    now_ms: Callable[[], int]
+
+    def select_series(
+        self, selector: Selector, limit: int | None = None
+    ) -> list[tuple[int, SeriesKey]]:
+        self.series_registry.refresh()
+        found = self.series_registry.select(selector)
+        return found if limit is None else found[:limit]
+
+    def series(self, selector: Selector, limit: int = 1000) -> list[SeriesKey]:
+        """Series matching a selector, at most ``limit`` of them."""
+        if limit <= 0:
+            raise InvalidQuery("limit must be positive", limit=limit)
+        return [key for _, key in self.select_series(selector, limit)]
+
+    def _resolve(self, selector: Selector) -> list[tuple[int, SeriesKey]]:
+        found = self.select_series(selector)
+        if len(found) > self.settings.max_series_per_query:
+            raise QueryTooExpensive(
+                f"{selector} matches {len(found)} series, over the limit of "
+                f"{self.settings.max_series_per_query} (store.max_series_per_query); add matchers",
+                selector=str(selector),
+                limit="store.max_series_per_query",
+            )
+        return found
+
+    @staticmethod
+    def _check_range(start: float, end: float, step: float) -> tuple[int, int, int]:
+        if not all(math.isfinite(x) for x in (start, end, step)):
+            raise InvalidQuery("start, end and step must be finite numbers")
+        if step <= 0:
+            raise InvalidQuery(f"step must be positive, got {step}", step=step)
+        if end <= start:
+            raise InvalidQuery(f"end ({end}) must be after start ({start})")
+        if (end - start) / step > MAX_POINTS_PER_SERIES:
+            raise QueryTooExpensive(
+                f"{(end - start) / step:.0f} points per series is over the limit of "
+                f"{MAX_POINTS_PER_SERIES}; use a larger step",
+                limit="points per series",
+            )
+        step_ms = round(step * 1000)
+        if step_ms < 1:
+            raise InvalidQuery("step must be at least 1 ms")
+        return int(start * 1000), math.ceil(end * 1000), step_ms
+
+    def range_query(
+        self,
+        selector: Selector,
+        start: float,
+        end: float,
+        step: float,
+        agg: Aggregation = Aggregation.AVG,
+        q: float | None = None,
+    ) -> QueryResult:
+        """One value per step-aligned bucket in ``[start, end)`` for each matching series.
+
+        Reads 1-hour or 1-minute rollups when the step is a multiple of their width and the
+        aggregation can be computed from them; raw samples otherwise.
+        """
+        start_ms, end_ms, step_ms = self._check_range(start, end, step)
+        if agg is Aggregation.QUANTILE and (q is None or not 0 <= q <= 1):
+            raise InvalidQuery("quantile aggregation needs q between 0 and 1")
+        found = self._resolve(selector)
+        if (points := len(found) * (end_ms - start_ms) / step_ms) > (
+            cap := self.settings.max_points_per_query
+        ):
+            raise QueryTooExpensive(
+                f"the query would return {points:.0f} points, over the limit of {cap} "
+                "(store.max_points_per_query); narrow it or widen step",
+                limit="store.max_points_per_query",
+            )
+        ids = [sid for sid, _ in found]
+        start_ms = floor(start_ms, step_ms)
+        warnings: list[str] = []
+        if agg in _ROLLUP_AGGS and step_ms % MINUTE_MS == 0:
+            tier = "1h" if step_ms % HOUR_MS == 0 else "1m"
+            partials = self._rollup_partials(ids, start_ms, end_ms, hourly=tier == "1h")
+            computed = {sid: agg_math.aggregate(p, step_ms, agg) for sid, p in partials.items()}
+        else:
+            tier = "raw"
+            raw, expired = self._raw_samples(ids, start_ms, end_ms)
+            if expired:
+                warnings.append(
+                    f"raw samples before retention ({self.settings.raw_retention_days} days) "
+                    "are gone; use a step that is a multiple of 60 s for older ranges"
+                )
+            if agg is Aggregation.QUANTILE:
+                computed = {
+                    sid: agg_math.quantile(t, v, step_ms, float(q or 0))
+                    for sid, (t, v) in raw.items()
+                }
+            else:
+                computed = {
+                    sid: agg_math.aggregate(Partials.of_samples(t, v), step_ms, agg)
+                    for sid, (t, v) in raw.items()
+                }
+        return QueryResult(self._points(found, computed), tier, tuple(warnings))
+
+    def counter_query(
+        self, selector: Selector, start: float, end: float, step: float, fn: str = "rate"
+    ) -> QueryResult:
+        """Per-bucket ``increase`` or per-second ``rate`` of counters, across resets and wraps.
+
+        Each increment between consecutive samples counts in the bucket of the later sample,
+        so buckets add up to the total increase; rate is increase / step (no extrapolation).
+        """
+        if fn not in ("rate", "increase"):
+            raise InvalidQuery(f"unknown counter function {fn!r}; use rate or increase")
+        start_ms, end_ms, step_ms = self._check_range(start, end, step)
+        found = self._resolve(selector)
+        definition = metrics.get(selector.metric)
+        if definition is None or not definition.is_counter:
+            raise InvalidQuery(f"{selector.metric} is not a counter; rate applies to counters")
+        start_ms = floor(start_ms, step_ms)
+        lookback = start_ms - max(step_ms, 2 * MINUTE_MS)
+        raw, expired = self._raw_samples([sid for sid, _ in found], lookback, end_ms)
+        computed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for sid, (t, v) in raw.items():
+            before = np.flatnonzero(t < start_ms)
+            first = before[-1] if len(before) else 0
+            buckets, inc = agg_math.bucket_increase(
+                t[first:], v[first:], step_ms, definition.wrap_bits
+            )
+            keep = buckets >= start_ms
+            buckets, inc = buckets[keep], inc[keep]
+            computed[sid] = (buckets, inc / (step_ms / 1000) if fn == "rate" else inc)
+        warnings = ("raw samples for part of the range have expired",) if expired else ()
+        return QueryResult(self._points(found, computed), "raw", warnings)
+
+    @staticmethod
+    def _points(
+        found: list[tuple[int, SeriesKey]], computed: dict[int, tuple[np.ndarray, np.ndarray]]
+    ) -> list[SeriesPoints]:
+        out = []
+        for sid, key in found:
+            if sid not in computed:
+                continue
+            t, v = computed[sid]
+            if len(t) == 0:
+                continue
+            out.append(
+                SeriesPoints(
+                    key,
+                    tuple(
+                        Point(ts / 1000, float(val))
+                        for ts, val in zip(t.tolist(), v.tolist(), strict=True)
+                    ),
+                )
+            )
+        return out
+
+    def _head_rows(self, conn: Any, ids: list[int], lo: int, hi: int) -> dict[int, tuple]:
+        rows: dict[int, list[tuple[int, float]]] = {}
+        for batch in batches(ids):
+            for ts, sid, value in conn.execute(
+                text(
+                    "SELECT ts, series_id, value FROM samples_head WHERE ts >= :lo AND ts < :hi "
+                    f"AND series_id IN ({in_list(batch)})"
+                ),
+                {"lo": lo, "hi": hi},
+            ):
+                rows.setdefault(int(sid), []).append((int(ts), float(value)))
+        out = {}
+        for sid, pairs in rows.items():
+            arr = np.array(pairs, dtype=np.float64)
+            order = np.argsort(arr[:, 0], kind="stable")
+            out[sid] = (arr[order, 0].astype(np.int64), arr[order, 1])
+        return out
+
+    def _raw_samples(
+        self, ids: list[int], lo: int, hi: int
+    ) -> tuple[dict[int, tuple[np.ndarray, np.ndarray]], bool]:
+        parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        expired = False
+        with self.engine.connect() as conn:
+            for batch in batches(ids):
+                for sid, start_ms, blob in conn.execute(
+                    text(
+                        "SELECT series_id, start_ms, data FROM samples_chunk WHERE series_id IN "
+                        f"({in_list(batch)}) AND start_ms >= :lo AND start_ms < :hi "
+                        "ORDER BY series_id, start_ms"
+                    ),
+                    {"lo": floor(lo, MINUTE_MS), "hi": hi},
+                ):
+                    if blob is None:
+                        expired = True
+                        continue
+                    t, v = codec.decode(bytes(blob), int(start_ms))
+                    parts.setdefault(int(sid), []).append((t, v))
+            for sid, pair in self._head_rows(conn, ids, lo, hi).items():
+                parts.setdefault(sid, []).append(pair)
+        out = {}
+        for sid, pieces in parts.items():
+            t = np.concatenate([p[0] for p in pieces])
+            v = np.concatenate([p[1] for p in pieces])
+            order = np.argsort(t, kind="stable")
+            t, v = t[order], v[order]
+            keep = (t >= lo) & (t < hi) & np.r_[True, t[1:] != t[:-1]]
+            if keep.any():
+                out[sid] = (t[keep], v[keep])
+        return out, expired
+
+    def _rollup_partials(
+        self, ids: list[int], lo: int, hi: int, *, hourly: bool
+    ) -> dict[int, Partials]:
+        parts: dict[int, list[Partials]] = {}
+        with self.engine.connect() as conn:
+            watermark = read_watermark(conn)
+            minute_lo = lo
+            if hourly:
+                hour_end = min(floor(watermark, HOUR_MS), hi)
+                self._collect_partials(conn, "rollup_1h", ids, lo, hour_end, parts)
+                minute_lo = max(lo, hour_end)
+            minute_end = min(watermark, hi)
+            self._collect_partials(conn, "samples_chunk", ids, minute_lo, minute_end, parts)
+            head_lo = max(minute_lo, minute_end)
+            for sid, (t, v) in self._head_rows(conn, ids, head_lo, hi).items():
+                parts.setdefault(sid, []).append(Partials.of_samples(t, v))
+        return {sid: Partials.concat(p) for sid, p in parts.items()}
+
+    @staticmethod
+    def _collect_partials(
+        conn: Any, table: str, ids: list[int], lo: int, hi: int, parts: dict[int, list[Partials]]
+    ) -> None:
+        if hi <= lo:
+            return
+        for batch in batches(ids):
+            rows = conn.execute(
+                text(
+                    f"SELECT series_id, start_ms, count, min, max, sum, last FROM {table} "
+                    f"WHERE series_id IN ({in_list(batch)}) AND start_ms >= :lo "
+                    "AND start_ms < :hi ORDER BY series_id, start_ms"
+                ),
+                {"lo": lo, "hi": hi},
+            ).all()
+            if not rows:
+                continue
+            arr = np.array([tuple(r) for r in rows], dtype=np.float64)
+            starts = np.flatnonzero(np.r_[True, arr[1:, 0] != arr[:-1, 0]])
+            ends = np.r_[starts[1:], len(arr)]
+            for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+                block = arr[a:b]
+                parts.setdefault(int(block[0, 0]), []).append(
+                    Partials(
+                        block[:, 1].astype(np.int64),
+                        block[:, 2].astype(np.int64),
+                        block[:, 3],
+                        block[:, 4],
+                        block[:, 5],
+                        block[:, 6],
+                    )
+                )
+
+    def latest(self, selector: Selector, lookback: float = 300.0) -> list[LatestValue]:
+        """The newest sample of each matching series within ``lookback`` seconds.
+
+        A series with nothing newer is left out: a silent target goes stale, never flat.
+        """
+        if not math.isfinite(lookback) or lookback <= 0:
+            raise InvalidQuery("lookback must be a positive number of seconds")
+        found = self._resolve(selector)
+        ids = [sid for sid, _ in found]
+        since = self.now_ms() - int(lookback * 1000)
+        newest: dict[int, tuple[int, float]] = {}
+        with self.engine.connect() as conn:
+            for sid, (t, v) in self._head_rows(conn, ids, since, 2**62).items():
+                newest[sid] = (int(t[-1]), float(v[-1]))
+            missing = [sid for sid in ids if sid not in newest]
+            for batch in batches(missing):
+                for sid, start_ms, last, blob in conn.execute(
+                    text(
+                        "SELECT series_id, start_ms, last, data FROM samples_chunk WHERE "
+                        f"series_id IN ({in_list(batch)}) AND start_ms >= :lo "
+                        "ORDER BY series_id, start_ms"
+                    ),
+                    {"lo": floor(since, MINUTE_MS)},
+                ):
+                    ts = (
+                        int(codec.decode(bytes(blob), int(start_ms))[0][-1])
+                        if blob
+                        else int(start_ms)
+                    )
+                    if ts >= since:
+                        newest[int(sid)] = (ts, float(last))
+        return [
+            LatestValue(key, newest[sid][0] / 1000, newest[sid][1])
+            for sid, key in found
+            if sid in newest
+        ]
