@@ -386,7 +386,9 @@ def test_writer_queues_behind_the_spool_to_keep_order(tmp_path: Path) -> None:
     assert written == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("blob", [b"", b"\x1f\x8b junk", encode_batch(_samples(1))[:-3]])
+@pytest.mark.parametrize(
+    "blob", [b"", b"\x1f\x8b junk", encode_batch(_samples(1))[:-3]], ids=["empty", "junk", "cut"]
+)
 def test_spool_rejects_damaged_batches(blob: bytes) -> None:
     with pytest.raises(CorruptBatch):
         decode_batch(blob)
