@@ -7,12 +7,14 @@ PostgreSQL cases skip, unless ``HBMWATCH_REQUIRE_SERVICES=1``, when they fail.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from sqlalchemy import text
 
 from hbmwatch.settings import StoreSettings
@@ -23,6 +25,19 @@ from hbmwatch.store.store import Store, open_store
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"  # upstream captures, with their sources (README)
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z, minute-aligned
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_found() -> Iterator[None]:
+    """A test that runs a command in-process (``hbmwatch eval`` configures logging at
+    warning) must not silence the info events the next test in that worker captures."""
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def require_service(env: str, what: str) -> str:
