@@ -14,7 +14,8 @@ from pathlib import Path
 
 # installed name inside the hbmwatch package -> the checkout's folder
 _CHECKOUT_FOLDER = {"migrations": "alembic", "dashboards": "dashboards"}
-# a file each folder must hold, so a stranger's folder of the same name is never taken
+# a file each folder must hold: the Alembic library's own alembic/ (beside site-packages'
+# hbmwatch/) has no env.py, so a wheel missing its migrations fails here, not in Alembic
 _MARKER = {"migrations": "env.py", "dashboards": "json"}
 
 
@@ -23,16 +24,9 @@ def data_dir(name: str) -> Path:
     package = Path(str(resources.files("hbmwatch")))
     candidates = [package / name, package.parent / _CHECKOUT_FOLDER[name]]
     for folder in candidates:
-        if (folder / _MARKER[name]).exists() and _ours(folder, name):
+        if (folder / _MARKER[name]).exists():
             return folder
     tried = ", ".join(str(c) for c in candidates)
     raise FileNotFoundError(
         f"hbmwatch's {name} are missing (looked in {tried}); reinstall hbmwatch"
     )
-
-
-def _ours(folder: Path, name: str) -> bool:
-    """The checkout's ``alembic/`` beside site-packages would be the Alembic library's."""
-    if name != "migrations":
-        return True
-    return "hbmwatch" in (folder / "env.py").read_text(encoding="utf-8", errors="replace")

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from sqlalchemy import Engine, delete, select, text
+from sqlalchemy import Engine, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from hbmwatch.records import Device, SeriesKey
@@ -48,6 +48,7 @@ from hbmwatch.store.results import SchemaOutdated, StoreMetrics
 from hbmwatch.store.results import WriteResult as WriteResult
 from hbmwatch.store.tiers import HOUR_MS as HOUR_MS
 from hbmwatch.store.tiers import MINUTE_MS as MINUTE_MS
+from hbmwatch.store.tiers import write_state
 from hbmwatch.store.watching import Watching
 from hbmwatch.store.writing import Writing
 from hbmwatch.validation import InvalidQuery
@@ -145,12 +146,7 @@ class Store(Writing, Compaction, Watching, Queries):
 
     def put_state(self, name: str, value: Any) -> None:
         with self.engine.begin() as conn:
-            self._write_state(conn, name, value)
-
-    @staticmethod
-    def _write_state(conn: Any, name: str, value: Any) -> None:
-        conn.execute(delete(StoreState).where(StoreState.name == name))
-        conn.execute(StoreState.__table__.insert().values(name=name, value=value))
+            write_state(conn, name, value)
 
 
 @guard

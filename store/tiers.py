@@ -45,7 +45,12 @@ def read_watermark(conn: Any) -> int:
     return int(value) if value is not None else 0
 
 
+def write_state(conn: Any, name: str, value: Any) -> None:
+    """Set one ``store_state`` row, in the caller's transaction."""
+    conn.execute(delete(StoreState).where(StoreState.name == name))
+    conn.execute(StoreState.__table__.insert().values(name=name, value=value))
+
+
 def write_watermark(conn: Any, ms: int) -> None:
     """Move the watermark, in the caller's transaction (the one that wrote the chunks)."""
-    conn.execute(delete(StoreState).where(StoreState.name == WATERMARK))
-    conn.execute(StoreState.__table__.insert().values(name=WATERMARK, value=ms))
+    write_state(conn, WATERMARK, ms)
