@@ -14,6 +14,7 @@ from hbmwatch.api.routes import (
     admin,
     alerts,
     devices,
+    federate,
     health,
     incidents,
     ingest,
@@ -73,6 +74,7 @@ def create_app(
     for module in (
         health,
         metrics,
+        federate,
         devices,
         series_routes,
         alerts,

@@ -113,6 +113,18 @@ class ApiSettings(_Section):
     request_timeout_seconds: float = Field(
         30.0, gt=0, le=600, description="A request not answered by then gets a 503."
     )
+    federate_max_series: int = Field(
+        20_000,
+        ge=1,
+        le=10_000_000,
+        description="Most series one /federate (or /metrics with expose_canonical_series) "
+        "answers; past it the answer is a 422 naming this setting, never a cut page.",
+    )
+    expose_canonical_series: bool = Field(
+        False,
+        description="Also serve the newest sample of every stored device and workload series "
+        "on /metrics, under its canonical name (as /federate does).",
+    )
     nice: int = Field(
         5,
         ge=0,

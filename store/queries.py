@@ -312,13 +312,17 @@ class Queries:
         """
         if not math.isfinite(lookback) or lookback <= 0:
             raise InvalidQuery("lookback must be a positive number of seconds")
-        found = self._resolve(selector)
+        return self.latest_of(self._resolve(selector), lookback)
+
+    def latest_of(
+        self, found: list[tuple[int, SeriesKey]], lookback: float = 300.0
+    ) -> list[LatestValue]:
+        """``latest`` over series already selected (``select_series``), for callers that
+        apply a cap of their own (``/federate``)."""
         ids = [sid for sid, _ in found]
         since = self.now_ms() - int(lookback * 1000)
-        newest: dict[int, tuple[int, float]] = {}
         with self.engine.connect() as conn:
-            for sid, (t, v) in self._head_rows(conn, ids, since, 2**62).items():
-                newest[sid] = (int(t[-1]), float(v[-1]))
+            newest = self._newest_head(conn, ids, since)
             missing = [sid for sid in ids if sid not in newest]
             for batch in batches(missing):
                 for sid, start_ms, last, blob in conn.execute(
@@ -341,3 +345,22 @@ class Queries:
             for sid, key in found
             if sid in newest
         ]
+
+    @staticmethod
+    def _newest_head(conn: Any, ids: list[int], since: int) -> dict[int, tuple[int, float]]:
+        """The newest head row of each series since ``since``: one row per series comes back,
+        not every sample of the lookback."""
+        newest: dict[int, tuple[int, float]] = {}
+        for batch in batches(ids):
+            where = f"ts >= :lo AND series_id IN ({in_list(batch)})"
+            sql = (
+                # SQLite takes a bare column from the row that holds the MAX.
+                f"SELECT series_id, MAX(ts), value FROM samples_head WHERE {where} "
+                "GROUP BY series_id"
+                if conn.dialect.name == "sqlite"
+                else f"SELECT DISTINCT ON (series_id) series_id, ts, value FROM samples_head "
+                f"WHERE {where} ORDER BY series_id, ts DESC"
+            )
+            for sid, ts, value in conn.execute(text(sql), {"lo": since}):
+                newest[int(sid)] = (int(ts), float(value))
+        return newest
