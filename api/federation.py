@@ -11,15 +11,19 @@ The answer is all or nothing: past ``api.federate_max_series`` series it is refu
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from hbmwatch.matchers import NAME_LABEL, Matcher, MatchOp, parse_matchers
+import promql_parser as pp
+
+from hbmwatch.matchers import Matcher, MatchOp
 from hbmwatch.metrics import METRICS, MetricDef, Scope
-from hbmwatch.query import Selector, check_time_budget
+from hbmwatch.promql.engine import matchers_of
+from hbmwatch.promql.errors import QueryError
+from hbmwatch.query import check_time_budget
 from hbmwatch.records import SeriesKey
+from hbmwatch.store.registry import NAME_LABEL
 from hbmwatch.store.store import LatestValue, Store
-from hbmwatch.validation import HbmwatchError, InvalidQuery, check_metric_name
+from hbmwatch.validation import HbmwatchError, InvalidQuery
 
 #: Prometheus' default lookback: a series with nothing newer is stale and left out.
 LOOKBACK_SECONDS = 300.0
@@ -27,47 +31,42 @@ LOOKBACK_SECONDS = 300.0
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SETTING = "api.federate_max_series"
 
-_SELECTOR_RE = re.compile(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)?\s*(?:\{(.*)\})?\s*$", re.S)
-
 
 class FederationTooLarge(HbmwatchError):
     """More series match than ``api.federate_max_series`` allows in one answer."""
 
 
-def parse_match(text: str) -> list[Selector]:
-    """One ``match[]`` value (``name{...}`` or ``{__name__=~"...",...}``) as one selector per
-    canonical metric whose name it matches.
+def parse_match(text: str) -> list[Matcher]:
+    """One ``match[]`` value, a series selector as Prometheus parses it (promql-parser):
+    ``name{...}`` or ``{__name__=~"...",...}``, with at least one matcher that does not
+    match the empty string; no offset, ``@`` or range.
 
-    >>> [s.metric for s in parse_match('{__name__=~"gpu_power_.*"}')]
-    ['gpu_power_watts', 'gpu_power_limit_watts']
+    >>> [str(m) for m in parse_match("{__name__=~'gpu_power_.*', host='n1'}")]
+    ['__name__=~"gpu_power_.*"', 'host="n1"']
     >>> parse_match('{host=""}')  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    hbmwatch.validation.InvalidQuery: ...at least one matcher that does not match the empty...
+    hbmwatch.validation.InvalidQuery: ...at least one non-empty matcher
     """
-    match = _SELECTOR_RE.match(text)
-    if not match or not (match.group(1) or match.group(2) is not None):
-        raise InvalidQuery(f"cannot parse match[] {text[:200]!r}: expected a series selector")
-    name, body = match.group(1), match.group(2) or ""
-    matchers = parse_matchers(body, name_label=True)
-    if name:
-        check_metric_name(name)
-        matchers.insert(0, Matcher.of(NAME_LABEL, MatchOp.EQ.value, name, name_label=True))
-    if not any(not m.matches("") for m in matchers):
-        raise InvalidQuery(
-            f"match[] {text[:200]!r} needs at least one matcher that does not match the empty "
-            "string (Prometheus' rule: a selector may not select every series)"
-        )
-    by_name = [m for m in matchers if m.label == NAME_LABEL]
-    rest = tuple(m for m in matchers if m.label != NAME_LABEL)
-    return [Selector(metric, rest) for metric in METRICS if all(m.matches(metric) for m in by_name)]
+    try:
+        node = pp.parse(text)
+    except ValueError as exc:
+        raise InvalidQuery(f"cannot parse match[] {text[:200]!r}: {exc}") from None
+    if not isinstance(node, pp.VectorSelector) or node.offset or node.at:
+        raise InvalidQuery(f"match[] {text[:200]!r} is not a series selector")
+    try:
+        return matchers_of(node)
+    except QueryError as exc:
+        raise InvalidQuery(f"match[] {text[:200]!r}: {exc}") from None
 
 
-def select(store: Store, selectors: Iterable[Selector], cap: int) -> list[tuple[int, SeriesKey]]:
+def select(
+    store: Store, selectors: Iterable[Sequence[Matcher]], cap: int
+) -> list[tuple[int, SeriesKey]]:
     """The union of the series the selectors match, refused past ``cap``."""
     found: dict[int, SeriesKey] = {}
-    for selector in selectors:
-        for sid, key in store.select_series(selector):
+    for matchers in selectors:
+        for sid, key in store.select_matching(matchers):
             found[sid] = key
         if len(found) > cap:
             raise FederationTooLarge(
@@ -80,14 +79,18 @@ def select(store: Store, selectors: Iterable[Selector], cap: int) -> list[tuple[
 
 def federate(store: Store, matches: Iterable[str], cap: int) -> str:
     """The exposition text for ``/federate``: every ``match[]`` parsed first, then read."""
-    selectors = [s for text in matches for s in parse_match(text)]
+    selectors = [parse_match(text) for text in matches]
     return render(store.latest_of(select(store, selectors, cap), LOOKBACK_SECONDS))
 
 
 def canonical(store: Store, cap: int) -> str:
     """Every stored device and workload series (not the collector's own, which ``/metrics``
     serves already), for ``api.expose_canonical_series``."""
-    selectors = [Selector(m.name) for m in METRICS.values() if m.scope is not Scope.COLLECTOR]
+    selectors = [
+        [Matcher(NAME_LABEL, MatchOp.EQ, m.name)]
+        for m in METRICS.values()
+        if m.scope is not Scope.COLLECTOR
+    ]
     return render(store.latest_of(select(store, selectors, cap), LOOKBACK_SECONDS))
 
 

@@ -27,9 +27,6 @@ from hbmwatch.validation import InvalidQuery, check_label_name
 #: Longest regex accepted anywhere; RE2 programs grow with the pattern.
 MAX_REGEX_LENGTH = 4000
 
-#: The label PromQL selectors use for the metric name.
-NAME_LABEL = "__name__"
-
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # the error goes back to the caller, not to stderr
 _OPTIONS.dot_nl = True
@@ -71,10 +68,8 @@ class Matcher:
     _regex: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def of(cls, label: str, op: str, value: str, *, name_label: bool = False) -> Matcher:
-        """``name_label`` admits ``__name__`` (PromQL selectors match metric names with it)."""
-        if not (name_label and label == NAME_LABEL):
-            check_label_name(label)
+    def of(cls, label: str, op: str, value: str) -> Matcher:
+        check_label_name(label)
         try:
             match_op = MatchOp(op)
         except ValueError:
@@ -117,9 +112,8 @@ def quote(value: str) -> str:
 _EXPECTED = 'expected label=value, label=~regex or label="quoted value"'
 
 
-def parse_matchers(text: str, *, name_label: bool = False) -> list[Matcher]:
-    """Comma-separated matchers, quotes optional for simple values; ``__name__`` only with
-    ``name_label``.
+def parse_matchers(text: str) -> list[Matcher]:
+    """Comma-separated matchers, quotes optional for simple values.
 
     >>> [str(m) for m in parse_matchers('host=n1, gpu=~"0|1",rack!~r[2-3]')]
     ['host="n1"', 'gpu=~"0|1"', 'rack!~"r[2-3]"']
@@ -132,7 +126,7 @@ def parse_matchers(text: str, *, name_label: bool = False) -> list[Matcher]:
             raise InvalidQuery(
                 f"cannot parse matchers at {body[pos:][:80]!r}: {_EXPECTED}", matchers=text[:200]
             )
-        out.append(_matcher(m, name_label=name_label))
+        out.append(_matcher(m))
         pos = m.end()
     return out
 
@@ -149,7 +143,6 @@ def parse_matcher(text: str) -> Matcher:
     return _matcher(m)
 
 
-def _matcher(m: re.Match[str], *, name_label: bool = False) -> Matcher:
+def _matcher(m: re.Match[str]) -> Matcher:
     label, op, quoted, bare = m.group(1), m.group(2), m.group(3), m.group(4)
-    value = unescape(quoted) if quoted is not None else bare
-    return Matcher.of(label, op, value, name_label=name_label)
+    return Matcher.of(label, op, unescape(quoted) if quoted is not None else bare)
