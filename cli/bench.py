@@ -269,3 +269,92 @@ def _print_api_report(report: dict[str, Any]) -> None:
     if report["met"] is not None:
         verdict = "[green]met[/green]" if report["met"] else "[red]not met[/red]"
         console.print(f"target: p99 under {report['target_ms']} ms for both reads: {verdict}")
+
+
+@bench_app.command("promql")
+def bench_promql(
+    gpus: Annotated[int, typer.Option(help="Fleet size (a multiple of 8).")] = 1024,
+    hours: Annotated[int, typer.Option(min=1, help="Hours of data (a day: 24).")] = 24,
+    interval: Annotated[
+        int, typer.Option(help="Scrape interval of the generated day, s (divides an hour).")
+    ] = 300,
+    step: Annotated[int, typer.Option(min=1, help="Range-query step, s (Grafana-like).")] = 300,
+    runs: Annotated[int, typer.Option(min=1, help="Timed runs of each query per server.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seed of the generated values.")] = 1,
+    folder: Annotated[
+        Path, typer.Option("--dir", help="Where the day lives; reused while day.json matches.")
+    ] = Path("hbmwatch-bench-promql"),
+    rebuild: Annotated[bool, typer.Option(help="Generate the day again, even if it matches.")] = (
+        False
+    ),
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+) -> None:
+    """p50/p99 of each dashboard query over a fleet day, hbmwatch beside a real Prometheus."""
+    from rich.progress import MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from hbmwatch.bench import benchmarks
+    from hbmwatch.bench.promql import bench_promql as run_bench
+    from hbmwatch.bench.promql_day import DaySpec
+    from hbmwatch.runtime.service import tune_gc
+    from hbmwatch.validation import HbmwatchError
+
+    log.configure("warning")
+    tune_gc()
+    spec = DaySpec(gpus=gpus, hours=hours, interval_s=interval, seed=seed)
+    console.print(
+        f"[bold]hbmwatch bench promql[/bold] on {benchmarks.machine()}: {gpus} GPUs x {hours} h "
+        f"at a {interval} s scrape interval in {folder}, queried at step {step} s, {runs} runs "
+        "(the first run generates the day; later runs reuse it)"
+    )
+    columns = (*Progress.get_default_columns()[:2], MofNCompleteColumn(), TimeRemainingColumn())
+    try:
+        with Progress(*columns, console=console) as bar:
+            tasks: dict[str, Any] = {}
+
+            def progress(stage: str, done: int, total: int) -> None:
+                if stage not in tasks:
+                    tasks[stage] = bar.add_task(stage, total=total)
+                bar.update(tasks[stage], completed=done)
+
+            report = run_bench(folder=folder, spec=spec, step=step, runs=runs,
+                               rebuild=rebuild, progress=progress)  # fmt: skip
+    except HbmwatchError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    _print_promql_report(report)
+    benchmarks.write_json(report, json_out)
+
+
+def _print_promql_report(report: dict[str, Any]) -> None:
+    p = report["params"]
+    table = Table(
+        title=f"hbmwatch bench promql ({p['gpus']} GPUs x {p['hours']} h at {p['interval_s']} s, "
+        f"range queries at step {report['step_s']} s, {report['runs']} runs each)"
+    )
+    for col in ("query", "hbmwatch p50 ms", "p99 ms", "CPU s", "Prometheus p50 ms", "p99 ms",
+                "CPU s", "ratio p50", "series"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "query" else "right")
+    for row in report["queries"]:
+        cells = []
+        for name in ("hbmwatch", "prometheus"):
+            s = row[name]
+            cells += [f"{s['p50_ms']:.1f}", f"{s['p99_ms']:.1f}", f"{s['cpu_s_per_run']:.3f}"]
+        h, pr = row["hbmwatch"], row["prometheus"]
+        ratio = f"{row['ratio_p50']:.1f}x" if "ratio_p50" in row else "-"
+        if "error" in h or "error" in pr:
+            series = "error: " + (h.get("error") or pr.get("error") or "")[:40]
+        else:
+            same = "" if row.get("same_series") else " (differ)"
+            series = f"{h['series']}/{pr['series']}{same}"
+        table.add_row(row["query"][:44], *cells, ratio, series)
+    Console(width=160).print(table)
+    load = report["load"]
+    verb = "reused" if report["reused"] else "generated"
+    console.print(
+        f"{verb}: {load['series']:,} series, {load['samples']:,} samples; SQLite "
+        f"{load['sqlite_bytes'] / 2**20:,.0f} MiB, Prometheus TSDB "
+        f"{load['tsdb_bytes'] / 2**20:,.0f} MiB. hbmwatch: {report['hbmwatch_server']}; "
+        f"Prometheus: {report['prometheus_server']}."
+    )
+    for item in report["skipped"]:
+        console.print(f"skipped {item['query']}: {item['why']}")

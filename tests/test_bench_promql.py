@@ -1,0 +1,71 @@
+"""`hbmwatch bench promql` at a tiny size: the day is generated into both engines, every query
+is timed on both, and both answer with the same series (values not asserted here; the
+differential suite compares them)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hbmwatch.bench.promql import queries, substitute
+from hbmwatch.bench.promql_day import DaySpec, Values, families
+from hbmwatch.store.registry import validate_series
+
+needs_prometheus = pytest.mark.skipif(
+    not (shutil.which("prometheus") and shutil.which("promtool")),
+    reason="needs prometheus and promtool (Prometheus 2.42)",
+)
+
+
+def test_the_day_is_canonical_seeded_and_shaped() -> None:
+    spec = DaySpec(gpus=16, hours=1, interval_s=60)
+    fams = families(spec)
+    for family in fams:
+        for key in family.keys:
+            validate_series(key)
+    assert sum(len(f.keys) for f in fams) == 16 * 36
+    one, two = Values(spec, fams).block(0, 60), Values(spec, fams).block(0, 60)
+    assert all(np.array_equal(one[m], two[m]) for m in one)
+    temp = one["gpu_memory_temperature_celsius"]
+    assert np.array_equal(temp, np.round(temp)) and 30 < temp.mean() < 100
+    energy = one["gpu_energy_joules_total"]
+    assert (np.diff(energy, axis=1) >= 0).mean() > 0.99  # a counter, resets aside
+    assert ((one["gpu_utilization_ratio"] >= 0) & (one["gpu_utilization_ratio"] <= 1)).all()
+
+
+def test_grafana_variables_are_filled_as_grafana_fills_them() -> None:
+    spec = DaySpec(gpus=1024, hours=24, interval_s=300)
+    expr = 'rate(x{host="$host",gpu="${gpu}"}[$__rate_interval]) + y[$__interval]'
+    assert substitute(expr, spec, 300) == 'rate(x{host="node0064",gpu="2"}[1200s]) + y[300s]'
+    assert substitute('x{a="$unknown"}', spec, 300) is None
+    qs, _ = queries(spec, 300)
+    assert qs and all("$" not in q.expr for q in qs)
+
+
+@pytest.mark.slow
+@needs_prometheus
+def test_bench_promql_times_every_query_on_both_servers(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    argv = [sys.executable, "-m", "hbmwatch.cli", "bench", "promql", "--gpus", "8",
+            "--hours", "1", "--interval", "60", "--step", "60", "--runs", "2",
+            "--dir", str(tmp_path / "day"), "--json", str(out)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["load"]["samples"] == 8 * 36 * 60 and report["reused"] is False
+    assert report["queries"]
+    for row in report["queries"]:
+        for server in ("hbmwatch", "prometheus"):
+            assert row[server]["p99_ms"] >= row[server]["p50_ms"] > 0, row
+            assert "error" not in row[server], row
+        assert row["same_series"], row
+    assert any(row["hbmwatch"]["series"] > 0 for row in report["queries"])
+    assert "hbmwatch bench promql" in done.stdout and "ratio p50" in done.stdout
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert again.returncode == 0 and json.loads(out.read_text())["reused"] is True
