@@ -40,8 +40,8 @@ from hbmwatch.bench.promql_day import (
 from hbmwatch.validation import HbmwatchError
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards" / "json"
-#: Dashboard-style queries over the canonical series, used beside (or, when the dashboards
-#: hold no PromQL over stored series, instead of) the dashboards' own.
+#: Dashboard-style queries over the canonical series, for dashboards that hold no PromQL over
+#: stored series.
 _FLEET = '{cluster=~"$cluster"}'
 _GPU = '{host="$host", gpu="$gpu"}'
 _RATE = "[$__rate_interval]"
@@ -111,11 +111,13 @@ def substitute(expr: str, spec: DaySpec, step_s: int) -> str | None:
     return None if unknown else out
 
 
-def dashboard_queries(generated: set[str]) -> tuple[list[Query], list[dict[str, str]]]:
+def dashboard_queries(
+    folder: Path, generated: set[str]
+) -> tuple[list[Query], list[dict[str, str]]]:
     """Every panel expression that reads only series the bench generates; and the ones left
     out, with why."""
     found, skipped = [], []
-    for path in sorted(DASHBOARDS.glob("*.json")):
+    for path in sorted(folder.glob("*.json")):
         board = json.loads(path.read_text())
         for panel in _panels(board.get("panels", [])):
             for target in panel.get("targets", []):
@@ -124,11 +126,10 @@ def dashboard_queries(generated: set[str]) -> tuple[list[Query], list[dict[str, 
                     continue
                 names = {n for n in _NAME.findall(expr) if n.startswith(("gpu_", "workload_"))}
                 names |= {n for n in _NAME.findall(expr) if n.startswith("hbmwatch_")}
-                title = f"{path.stem}: {panel.get('title', '?')}"
+                title = f"{path.stem}: {panel.get('title', '?')} [{target.get('refId', '?')}]"
                 if not names or not names <= generated:
-                    why = "reads series the bench does not generate: " + ", ".join(
-                        sorted(names - generated) or ["none named"]
-                    )
+                    missing = ", ".join(sorted(names - generated)) or "no canonical series"
+                    why = f"reads series the bench does not generate ({missing})"
                     skipped.append({"query": title, "why": why})
                     continue
                 found.append(Query(title, expr, f"dashboard {path.name}"))
@@ -141,9 +142,13 @@ def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield from _panels(panel.get("panels", []))
 
 
-def queries(spec: DaySpec, step_s: int) -> tuple[list[Query], list[dict]]:
-    board, skipped = dashboard_queries({f.metric for f in families(DaySpec(gpus=8))})
-    chosen = board + [Query(n, e, "representative") for n, e in REPRESENTATIVE]
+def queries(
+    spec: DaySpec, step_s: int, dashboards: Path = DASHBOARDS
+) -> tuple[list[Query], list[dict]]:
+    """The dashboards' queries over stored series, variables filled; the representative set
+    when the dashboards have none (before they spoke PromQL over the store)."""
+    board, skipped = dashboard_queries(dashboards, {f.metric for f in families(DaySpec(gpus=8))})
+    chosen = board or [Query(n, e, "representative") for n, e in REPRESENTATIVE]
     out = []
     for q in chosen:
         expr = substitute(q.expr, spec, step_s)
@@ -277,19 +282,31 @@ def _stats(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure(servers: list[Server], qs: list[Query], meta: dict[str, Any], step: int,
-            runs: int, progress: Progress = _quiet) -> list[dict[str, Any]]:  # fmt: skip
-    """Each query once on each server to warm up, then ``runs`` times, alternately."""
+def measure(
+    servers: list[Server],
+    qs: list[Query],
+    meta: dict[str, Any],
+    step: int,
+    runs: int,
+    budget_s: float,
+    progress: Progress = _quiet,
+) -> list[dict[str, Any]]:
+    """Each query once on each server to warm up, then ``runs`` times, alternately; a query
+    stops after 3 runs once it has taken ``budget_s`` (the row says how many ran)."""
     start, end = meta["start_ms"] // 1000, meta["end_ms"] // 1000
     rows = []
     for i, q in enumerate(qs):
+        began = time.monotonic()
         for server in servers:
             server.ask(q.expr, start, end, step)
         timed: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
-        for _ in range(runs):
+        for n in range(runs):
+            if n >= 3 and time.monotonic() - began > budget_s:
+                break
             for server in servers:
                 timed[server.name].append(server.ask(q.expr, start, end, step))
-        row: dict[str, Any] = {"query": q.name, "expr": q.expr, "source": q.source}
+        row: dict[str, Any] = {"query": q.name, "expr": q.expr, "source": q.source,
+                               "runs": len(timed[servers[0].name])}  # fmt: skip
         for name, samples in timed.items():
             row[name] = _stats(samples)
         h, p = row.get("hbmwatch", {}), row.get("prometheus", {})
@@ -301,14 +318,23 @@ def measure(servers: list[Server], qs: list[Query], meta: dict[str, Any], step: 
     return rows
 
 
-def bench_promql(*, folder: Path, spec: DaySpec, step: int, runs: int, rebuild: bool = False,
-                 progress: Progress = _quiet) -> dict[str, Any]:  # fmt: skip
+def bench_promql(
+    *,
+    folder: Path,
+    spec: DaySpec,
+    step: int,
+    runs: int,
+    rebuild: bool = False,
+    budget_s: float = 60.0,
+    dashboards: Path = DASHBOARDS,
+    progress: Progress = _quiet,
+) -> dict[str, Any]:
     """Load (or reuse) the day, serve it from both, time every query; the JSON report."""
     from hbmwatch.bench.benchmarks import machine
     from hbmwatch.bench.realprom import RealPrometheus
 
     meta = ensure_day(folder, spec, rebuild=rebuild, progress=progress)
-    qs, skipped = queries(spec, step)
+    qs, skipped = queries(spec, step, dashboards)
     with (
         hbmwatch_server(folder / "hbmwatch.db") as (hbm_url, hbm_pid),
         RealPrometheus(folder / "tsdb") as prom,
@@ -317,17 +343,19 @@ def bench_promql(*, folder: Path, spec: DaySpec, step: int, runs: int, rebuild: 
     ):
         servers = [Server("hbmwatch", hbm_url, hbm_pid, c1),
                    Server("prometheus", prom.url, prom.process.pid, c2)]  # fmt: skip
-        rows = measure(servers, qs, meta, step, runs, progress)
+        rows = measure(servers, qs, meta, step, runs, budget_s, progress)
     return {
         "machine": machine(),
         "params": spec.params(),
         "step_s": step,
         "runs": runs,
+        "query_budget_s": budget_s,
         "range": {"start_ms": meta["start_ms"], "end_ms": meta["end_ms"]},
         "reused": meta["reused"],
         "load": meta["load"],
         "hbmwatch_server": "create_app under uvicorn, its own process, HTTP on 127.0.0.1",
         "prometheus_server": "prometheus 2.42 over the promtool-built TSDB, HTTP on 127.0.0.1",
+        "dashboards": str(dashboards),
         "queries": rows,
         "skipped": skipped,
     }

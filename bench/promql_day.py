@@ -30,6 +30,9 @@ from hbmwatch.store.store import Store
 from hbmwatch.validation import HbmwatchError
 
 HOUR_MS = 3_600_000
+#: The latency quantiles each GPU's service reports, and their typical values in seconds.
+LATENCY_PARTS = (("ttft", "0.5"), ("ttft", "0.99"), ("e2e", "0.5"), ("e2e", "0.99"))
+LATENCY_TYPICAL = np.array([0.08, 0.25, 2.0, 6.0])
 DAY_S = 86_400.0
 Progress = Callable[[str, int, int], None]
 
@@ -89,7 +92,7 @@ class Family:
 
 
 def families(spec: DaySpec) -> list[Family]:
-    """The series of the day, about 36 a GPU at 4 links and 4 stacks."""
+    """The series of the day: 46 a GPU at 4 links and 4 stacks, 5 of them its service's."""
     out: list[Family] = []
     labels = [gpu_labels(g) for g in range(spec.gpus)]
 
@@ -99,6 +102,9 @@ def families(spec: DaySpec) -> list[Family]:
         parts = extra or [{}]
         keys, gpus, idx = [], [], []
         for g, base in enumerate(labels):
+            if metric.startswith("workload_"):  # a service on every GPU: placement labels
+                base = {k: base[k] for k in ("cluster", "rack", "host", "gpu")}
+                base |= {"service": f"llm{g % 4}", "model": "llama-3-70b"}
             for i, more in enumerate(parts):
                 if by_vendor:
                     more = {**more, "fabric": "xgmi" if base["vendor"] == "amd" else "nvlink"}
@@ -126,6 +132,13 @@ def families(spec: DaySpec) -> list[Family]:
     add("gpu_fabric_link_bandwidth_bytes_per_second", [{"link": n} for n in links], True)
     add("gpu_pcie_bytes_total", [{"direction": "rx"}, {"direction": "tx"}])
     add("gpu_pcie_replays_total")
+    add("gpu_pcie_recoveries_total")
+    add("gpu_pcie_naks_total", [{"direction": "rx"}, {"direction": "tx"}])
+    add("gpu_pcie_link_width_lanes")
+    add("gpu_pcie_link_speed_transfers_per_second")
+    latency = [{"phase": p, "quantile": q} for p, q in LATENCY_PARTS]
+    add("workload_latency_seconds", latency)
+    add("workload_requests_total", [{"phase": "e2e"}])
     return out
 
 
@@ -140,11 +153,12 @@ class Values:
         self.base_temp = self.rng.uniform(42, 58, g)
         self.noise = np.zeros(g)
         self.counters = {
-            f.metric: self.rng.uniform(0, 1e6, len(f.keys)) * _counter_scale(f.metric)
+            f.metric: np.floor(self.rng.uniform(0, 1e6, len(f.keys)) * _counter_scale(f.metric))
             for f in fams
             if f.metric.endswith("_total")
         }
         self.degraded = np.zeros(g, dtype=bool)
+        self.pcie_degraded = np.zeros(g, dtype=bool)
 
     def block(self, first_step: int, n: int) -> dict[str, np.ndarray]:
         """Every family's values for steps ``first_step .. first_step + n`` (series x n)."""
@@ -188,6 +202,15 @@ class Values:
             self.degraded ^= rng.random(self.spec.gpus) < 0.0005  # a link retrains, recovers
             bad = self.degraded[g] & (f.part == 0)
             return np.repeat(np.where(bad, 25e9, 50e9)[:, None], n, axis=1)
+        if name in ("gpu_pcie_link_width_lanes", "gpu_pcie_link_speed_transfers_per_second"):
+            if name == "gpu_pcie_link_width_lanes":  # retrains to x8 now and then, recovers
+                self.pcie_degraded ^= rng.random(self.spec.gpus) < 0.0003
+            slow = self.pcie_degraded[g]
+            best, worse = (16.0, 8.0) if name == "gpu_pcie_link_width_lanes" else (32e9, 16e9)
+            return np.repeat(np.where(slow, worse, best)[:, None], n, axis=1)
+        if name == "workload_latency_seconds":
+            typical = LATENCY_TYPICAL[f.part][:, None] * (0.6 + 0.8 * load[g])
+            return np.round(typical * rng.lognormal(0, 0.1, shape), 4)
         return self._counter(f, load, mem, power, dt)
 
     def _counter(self, f: Family, load: Any, mem: Any, power: Any, dt: int) -> np.ndarray:
@@ -200,6 +223,8 @@ class Values:
             inc = np.round(load[g] * 40e9 * dt * rng.uniform(0.9, 1.1, shape))
         elif name == "gpu_pcie_bytes_total":
             inc = np.round(load[g] * 8e9 * dt * rng.uniform(0.8, 1.2, shape))
+        elif name == "workload_requests_total":
+            inc = np.round(load[g] * 20 * dt * rng.uniform(0.9, 1.1, shape))
         elif name == "gpu_throttle_seconds_total":
             hot = np.where(f.part[:, None] == 0, mem[g] > 85, power[g] > 690)
             inc = hot * rng.uniform(0, dt, shape)
@@ -214,7 +239,11 @@ class Values:
 
 
 def _counter_scale(metric: str) -> float:
-    return {"gpu_fabric_bytes_total": 1e6, "gpu_pcie_bytes_total": 1e5}.get(metric, 1.0)
+    """Where counters stand at the start of the day (errors: tens, bytes: terabytes)."""
+    scales = {"gpu_fabric_bytes_total": 1e6, "gpu_pcie_bytes_total": 1e5,
+              "gpu_throttle_seconds_total": 0.1, "gpu_energy_joules_total": 1.0,
+              "workload_requests_total": 1.0}  # fmt: skip
+    return scales.get(metric, 1e-4)
 
 
 class OpenMetricsFiles:

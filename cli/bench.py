@@ -280,10 +280,16 @@ def bench_promql(
     ] = 300,
     step: Annotated[int, typer.Option(min=1, help="Range-query step, s (Grafana-like).")] = 300,
     runs: Annotated[int, typer.Option(min=1, help="Timed runs of each query per server.")] = 20,
+    query_seconds: Annotated[
+        float, typer.Option(help="A query stops after 3 runs once it has taken this long.")
+    ] = 60.0,
     seed: Annotated[int, typer.Option(help="Seed of the generated values.")] = 1,
     folder: Annotated[
         Path, typer.Option("--dir", help="Where the day lives; reused while day.json matches.")
     ] = Path("hbmwatch-bench-promql"),
+    dashboards: Annotated[
+        Path | None, typer.Option(help="Grafana dashboards whose queries run (default: ours).")
+    ] = None,
     rebuild: Annotated[bool, typer.Option(help="Generate the day again, even if it matches.")] = (
         False
     ),
@@ -293,6 +299,7 @@ def bench_promql(
     from rich.progress import MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from hbmwatch.bench import benchmarks
+    from hbmwatch.bench.promql import DASHBOARDS
     from hbmwatch.bench.promql import bench_promql as run_bench
     from hbmwatch.bench.promql_day import DaySpec
     from hbmwatch.runtime.service import tune_gc
@@ -316,8 +323,9 @@ def bench_promql(
                     tasks[stage] = bar.add_task(stage, total=total)
                 bar.update(tasks[stage], completed=done)
 
-            report = run_bench(folder=folder, spec=spec, step=step, runs=runs,
-                               rebuild=rebuild, progress=progress)  # fmt: skip
+            report = run_bench(folder=folder, spec=spec, step=step, runs=runs, rebuild=rebuild,
+                               budget_s=query_seconds, dashboards=dashboards or DASHBOARDS,
+                               progress=progress)  # fmt: skip
     except HbmwatchError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -331,8 +339,8 @@ def _print_promql_report(report: dict[str, Any]) -> None:
         title=f"hbmwatch bench promql ({p['gpus']} GPUs x {p['hours']} h at {p['interval_s']} s, "
         f"range queries at step {report['step_s']} s, {report['runs']} runs each)"
     )
-    for col in ("query", "hbmwatch p50 ms", "p99 ms", "CPU s", "Prometheus p50 ms", "p99 ms",
-                "CPU s", "ratio p50", "series"):  # fmt: skip
+    for col in ("query", "runs", "hbmwatch p50 ms", "p99 ms", "CPU s", "Prometheus p50 ms",
+                "p99 ms", "CPU s", "ratio p50", "series"):  # fmt: skip
         table.add_column(col, justify="left" if col == "query" else "right")
     for row in report["queries"]:
         cells = []
@@ -346,7 +354,7 @@ def _print_promql_report(report: dict[str, Any]) -> None:
         else:
             same = "" if row.get("same_series") else " (differ)"
             series = f"{h['series']}/{pr['series']}{same}"
-        table.add_row(row["query"][:44], *cells, ratio, series)
+        table.add_row(row["query"][:48], str(row["runs"]), *cells, ratio, series)
     Console(width=160).print(table)
     load = report["load"]
     verb = "reused" if report["reused"] else "generated"

@@ -29,7 +29,7 @@ def test_the_day_is_canonical_seeded_and_shaped() -> None:
     for family in fams:
         for key in family.keys:
             validate_series(key)
-    assert sum(len(f.keys) for f in fams) == 16 * 36
+    assert sum(len(f.keys) for f in fams) == 16 * 46
     one, two = Values(spec, fams).block(0, 60), Values(spec, fams).block(0, 60)
     assert all(np.array_equal(one[m], two[m]) for m in one)
     temp = one["gpu_memory_temperature_celsius"]
@@ -48,18 +48,40 @@ def test_grafana_variables_are_filled_as_grafana_fills_them() -> None:
     assert qs and all("$" not in q.expr for q in qs)
 
 
+def dashboard(folder: Path) -> Path:
+    """A dashboard with two panels over stored series and one over hbmwatch's own."""
+    folder.mkdir(parents=True, exist_ok=True)
+    targets = [
+        ("fleet", 'max by (rack) (gpu_memory_temperature_celsius{cluster=~"$cluster"})'),
+        ("fabric", 'sum by (link) (rate(gpu_fabric_bytes_total{host="$host"}[$__rate_interval]))'),
+        ("self", "max(hbmwatch_store_series)"),
+    ]
+    panels = [{"title": t, "targets": [{"refId": "A", "expr": e}]} for t, e in targets]
+    (folder / "board.json").write_text(json.dumps({"panels": [{"panels": panels}]}))
+    return folder
+
+
+def test_dashboard_queries_over_stored_series_are_chosen(tmp_path: Path) -> None:
+    qs, skipped = queries(DaySpec(), 300, dashboard(tmp_path))
+    assert [q.name for q in qs] == ["board: fleet [A]", "board: fabric [A]"]
+    assert qs[1].expr == 'sum by (link) (rate(gpu_fabric_bytes_total{host="node0064"}[1200s]))'
+    why = "reads series the bench does not generate (hbmwatch_store_series)"
+    assert skipped == [{"query": "board: self [A]", "why": why}]
+
+
 @pytest.mark.slow
 @needs_prometheus
 def test_bench_promql_times_every_query_on_both_servers(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     argv = [sys.executable, "-m", "hbmwatch.cli", "bench", "promql", "--gpus", "8",
             "--hours", "1", "--interval", "60", "--step", "60", "--runs", "2",
-            "--dir", str(tmp_path / "day"), "--json", str(out)]  # fmt: skip
+            "--dir", str(tmp_path / "day"), "--json", str(out),
+            "--dashboards", str(dashboard(tmp_path / "boards"))]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["load"]["samples"] == 8 * 36 * 60 and report["reused"] is False
-    assert report["queries"]
+    assert report["load"]["samples"] == 8 * 46 * 60 and report["reused"] is False
+    assert [row["query"] for row in report["queries"]] == ["board: fleet [A]", "board: fabric [A]"]
     for row in report["queries"]:
         for server in ("hbmwatch", "prometheus"):
             assert row[server]["p99_ms"] >= row[server]["p50_ms"] > 0, row
