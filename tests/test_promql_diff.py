@@ -34,7 +34,7 @@ from hbmwatch.bench.realprom import dump_store, samples_by_series
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store.store import Store, open_store
 from tests.conftest import NOW, REPO, Clock
-from tests.promdiff import dashboards, dataset
+from tests.promdiff import dashboards, dataset, edges
 from tests.promdiff.compare import Outcome, compare
 from tests.promdiff.corpus import INVALID, Grammar
 from tests.promdiff.engines import (
@@ -76,13 +76,33 @@ def test_prometheus_holds_exactly_the_samples(
         assert [float(v) for _, v in points] == s.values.tolist()
 
 
+def test_the_comparison_tells_answers_apart() -> None:
+    """The judge itself, without servers: what passes and what does not."""
+
+    def vector(*points: tuple[dict[str, str], float, str]) -> tuple[int, Any]:
+        result = [{"metric": m, "value": [t, v]} for m, t, v in points]
+        return 200, {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+    a = {"__name__": "x", "host": "h0"}
+    assert compare(vector((a, 1.5, "1")), vector((a, 1.5, "1.0000000000001"))).ok
+    assert compare(vector((a, 1.5, "NaN")), vector((a, 1.5, "NaN"))).ok
+    assert not compare(vector((a, 1.5, "1")), vector((a, 1.5, "1.00001"))).ok
+    assert not compare(vector((a, 1.5, "+Inf")), vector((a, 1.5, "-Inf"))).ok
+    assert not compare(vector((a, 1.5, "1")), vector((a, 1.501, "1"))).ok
+    assert not compare(vector((a, 1.5, "1")), vector(({"host": "h0"}, 1.5, "1"))).ok
+    assert not compare(vector(), vector((a, 1.5, "1"))).ok
+    error = (400, {"status": "error", "errorType": "bad_data", "error": "x"})
+    assert compare(error, error).kind == "both_error"
+    assert compare((422, error[1]), vector()).kind == "unsupported"
+    assert not compare((422, error[1]), error).ok
+    assert not compare(vector(), error).ok
+
+
 def _app_client(store: Store) -> TestClient:
-    app = create_app(settings_for(store), store)
-    if not self_check() and not any(
-        getattr(r, "path", "").startswith("/prometheus/") for r in app.routes
-    ):
+    client = TestClient(create_app(settings_for(store), store))
+    if not self_check() and client.get("/prometheus/api/v1/status/buildinfo").status_code == 404:
         pytest.skip("this hbmwatch has no /prometheus API yet")
-    return TestClient(app)
+    return client
 
 
 @pytest.fixture(scope="session")
@@ -204,6 +224,16 @@ def test_generated_queries_answer_as_prometheus_does(
     # The corpus must mostly be valid queries that find data, or it tests little.
     assert sum(o["prom_ok"] for o in ranged) >= 0.6 * len(ranged)
     assert sum(o["prom_ok"] and not o["prom_empty"] for o in ranged) >= 0.4 * len(ranged)
+    _report(request.node.name, outcomes)
+
+
+def test_api_edges_answer_as_prometheus_does(
+    engines: Engines, request: pytest.FixtureRequest
+) -> None:
+    outcomes: list[dict[str, Any]] = []
+    for method, path, params in edges.requests():
+        mine, theirs = engines.ask(method, path, params)
+        _record(outcomes, f"{path} {params}", method, compare(mine, theirs))
     _report(request.node.name, outcomes)
 
 
