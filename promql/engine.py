@@ -114,7 +114,10 @@ class Evaluator:
             return grid.start
         if kind == "End":
             return grid.end
-        return round(at.at.timestamp() * 1000)
+        try:
+            return round(at.at.timestamp() * 1000)
+        except BaseException:
+            raise Unsupported("the @ modifier with a time before 1970") from None
 
     def _refs(self, node: pp.VectorSelector, grid: Grid) -> np.ndarray:
         at = self._at(node.at, grid)

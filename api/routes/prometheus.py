@@ -223,11 +223,18 @@ def _match_sets(params: dict[str, list[str]], *, required: bool) -> list[list[Ma
 
 
 def _series(request: Request, params: dict[str, list[str]], *, required: bool):
+    """Series matching any ``match[]`` with a sample between ``start`` and ``end``."""
     sets = _match_sets(params, required=required) or [[]]
+    start, end = _one(params, "start"), _one(params, "end")
+    lo = promjson.parse_time(start, "start") if start else promjson.MIN_TIME_MS
+    hi = promjson.parse_time(end, "end") if end else promjson.MAX_TIME_MS
+    if hi < lo:
+        raise BadQuery('invalid parameter "end": end timestamp must not be before start time')
+    bounded = bool(start or end)
     store = request.app.state.store
     seen: dict[str, Any] = {}
     for matchers in sets:
-        for key in store.label_sets(matchers):
+        for key in store.label_sets(matchers, lo, hi) if bounded else store.label_sets(matchers):
             seen.setdefault(key.text, key)
     return list(seen.values())
 
