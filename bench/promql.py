@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -247,9 +247,11 @@ class Server:
     url: str
     pid: int
     client: httpx.Client
+    extra: dict[str, str] = field(default_factory=dict)
 
     def ask(self, expr: str, start: int, end: int, step: int) -> dict[str, Any]:
         params = {"query": expr, "start": str(start), "end": str(end), "step": str(step)}
+        params |= self.extra
         cpu0, t0 = cpu_seconds(self.pid), time.perf_counter()
         response = self.client.get(f"{self.url}/api/v1/query_range", params=params)
         wall, cpu = time.perf_counter() - t0, cpu_seconds(self.pid) - cpu0
@@ -264,7 +266,7 @@ class Server:
         result = body["data"]["result"]
         points = sum(len(s.get("values", ())) for s in result)
         return {"wall": wall, "cpu": cpu, "series": len(result), "points": points,
-                "bytes": len(response.content)}  # fmt: skip
+                "bytes": len(response.content), "warnings": body.get("warnings", [])}  # fmt: skip
 
 
 def _stats(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -278,7 +280,7 @@ def _stats(samples: list[dict[str, Any]]) -> dict[str, Any]:
     if errors:
         out["error"] = errors[0]
     else:
-        out |= {k: samples[-1][k] for k in ("series", "points", "bytes")}
+        out |= {k: samples[-1][k] for k in ("series", "points", "bytes", "warnings")}
     return out
 
 
@@ -312,7 +314,8 @@ def measure(
         h, p = row.get("hbmwatch", {}), row.get("prometheus", {})
         if "error" not in h and "error" not in p and p.get("p50_ms"):
             row["ratio_p50"] = round(h["p50_ms"] / p["p50_ms"], 2)
-            row["same_series"] = h["series"] == p["series"] and h["points"] == p["points"]
+            row["same_series"] = h["series"] == p["series"]
+            row["same_points"] = h["points"] == p["points"]
         rows.append(row)
         progress(f"{len(qs)} queries x {runs} runs on each server", i + 1, len(qs))
     return rows
@@ -327,6 +330,7 @@ def bench_promql(
     rebuild: bool = False,
     budget_s: float = 60.0,
     dashboards: Path = DASHBOARDS,
+    resolution: str = "auto",
     progress: Progress = _quiet,
 ) -> dict[str, Any]:
     """Load (or reuse) the day, serve it from both, time every query; the JSON report."""
@@ -341,7 +345,8 @@ def bench_promql(
         httpx.Client(timeout=600) as c1,
         httpx.Client(timeout=600) as c2,
     ):
-        servers = [Server("hbmwatch", hbm_url, hbm_pid, c1),
+        extra = {} if resolution == "auto" else {"resolution": resolution}
+        servers = [Server("hbmwatch", hbm_url, hbm_pid, c1, extra),
                    Server("prometheus", prom.url, prom.process.pid, c2)]  # fmt: skip
         rows = measure(servers, qs, meta, step, runs, budget_s, progress)
     return {
@@ -354,6 +359,7 @@ def bench_promql(
         "reused": meta["reused"],
         "load": meta["load"],
         "hbmwatch_server": "create_app under uvicorn, its own process, HTTP on 127.0.0.1",
+        "hbmwatch_resolution": resolution,
         "prometheus_server": "prometheus 2.42 over the promtool-built TSDB, HTTP on 127.0.0.1",
         "dashboards": str(dashboards),
         "queries": rows,

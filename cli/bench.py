@@ -290,6 +290,9 @@ def bench_promql(
     dashboards: Annotated[
         Path | None, typer.Option(help="Grafana dashboards whose queries run (default: ours).")
     ] = None,
+    resolution: Annotated[
+        str, typer.Option(help="hbmwatch's tier: auto (as Grafana gets it), raw, 1m or 1h.")
+    ] = "auto",
     rebuild: Annotated[bool, typer.Option(help="Generate the day again, even if it matches.")] = (
         False
     ),
@@ -325,7 +328,7 @@ def bench_promql(
 
             report = run_bench(folder=folder, spec=spec, step=step, runs=runs, rebuild=rebuild,
                                budget_s=query_seconds, dashboards=dashboards or DASHBOARDS,
-                               progress=progress)  # fmt: skip
+                               resolution=resolution, progress=progress)  # fmt: skip
     except HbmwatchError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -353,7 +356,8 @@ def _print_promql_report(report: dict[str, Any]) -> None:
             series = "error: " + (h.get("error") or pr.get("error") or "")[:40]
         else:
             same = "" if row.get("same_series") else " (differ)"
-            series = f"{h['series']}/{pr['series']}{same}"
+            points = "" if row.get("same_points") else ", points differ"
+            series = f"{h['series']}/{pr['series']}{same}{points}"
         table.add_row(row["query"][:48], str(row["runs"]), *cells, ratio, series)
     Console(width=160).print(table)
     load = report["load"]
