@@ -48,11 +48,12 @@ AT_UNSAFE = {
     "days_in_month", "day_of_month", "day_of_week", "day_of_year", "hour", "minute", "month",
     "year", "predict_linear", "time", "timestamp",
 }  # fmt: skip
-#: Cases that fail today, by ``file:line``; each is in /work/briefs15/conformance.md.
 _TOP_ORDER = "topk/bottomk answer in heap order; Prometheus sorts each group's heap"
 _NAN_LAST = "sort/sort_desc put NaN first; Prometheus puts it last in both"
 _HOLT = "promql-parser does not know holt_winters (Prometheus 3 renamed it)"
 _ATAN2 = "vector atan2 vector drops __name__; Prometheus 2.42 keeps it (not arithmetic)"
+#: Cases that fail today, by ``file:line``, each with the engine defect it shows.  Strict: a
+#: fix makes its cases pass and this test fail until they leave this table.
 XFAIL: dict[str, str] = {
     **dict.fromkeys(
         [f"aggregators:{n}" for n in (266, 271, 276, 280, 285, 299, 304, 309, 315, 319, 325)],
@@ -317,6 +318,7 @@ def test_every_fixture_file_has_cases() -> None:
     files = {c.file for c in CASES}
     assert files == {p.stem for p in FIXTURES.glob("*.test")}
     assert len(CASES) > 500
+    assert set(XFAIL) <= {c.id for c in CASES}, "an XFAIL id names no case"
 
 
 def test_series_notation_expands_as_prometheus_does() -> None:
