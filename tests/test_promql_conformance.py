@@ -48,21 +48,18 @@ AT_UNSAFE = {
     "days_in_month", "day_of_month", "day_of_week", "day_of_year", "hour", "minute", "month",
     "year", "predict_linear", "time", "timestamp",
 }  # fmt: skip
-_TOP_ORDER = "topk/bottomk answer in heap order; Prometheus sorts each group's heap"
+_TOP_ORDER = "topk/bottomk answer in input order; Prometheus sorts each group's result"
 _NAN_LAST = "sort/sort_desc put NaN first; Prometheus puts it last in both"
-_HOLT = "promql-parser does not know holt_winters (Prometheus 3 renamed it)"
 _ATAN2 = "vector atan2 vector drops __name__; Prometheus 2.42 keeps it (not arithmetic)"
 #: Cases that fail today, by ``file:line``, each with the engine defect it shows.  Strict: a
 #: fix makes its cases pass and this test fail until they leave this table.
 XFAIL: dict[str, str] = {
     **dict.fromkeys(
-        [f"aggregators:{n}" for n in (266, 271, 276, 280, 285, 299, 304, 309, 315, 319, 325)],
+        [f"aggregators:{n}" for n in (266, 271, 276, 280, 304, 319, 325)],
         _TOP_ORDER,
     ),
     "functions:454": _NAN_LAST,
     "functions:465": _NAN_LAST,
-    "functions:486": _HOLT,
-    "functions:500": _HOLT,
     "operators:483": _ATAN2,
     "operators:486": _ATAN2,
 }
