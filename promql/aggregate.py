@@ -135,8 +135,18 @@ def _top(largest: bool, groups: dict[Labels, list[Row]], k_values: np.ndarray, g
     out = []
     for members in groups.values():
         chosen = _top_group(largest, members, k)
-        out.extend(Row(r.labels, r.values, mask) for r, mask in zip(members, chosen, strict=True))
-    return [r for r in out if r.any()]
+        rows = [Row(r.labels, r.values, mask) for r, mask in zip(members, chosen, strict=True)]
+        out.extend(_ordered([r for r in rows if r.any()], largest))
+    return out
+
+
+def _ordered(rows: list[Row], largest: bool) -> list[Row]:
+    """An instant answer lists a group's picks best first, NaN last, as Prometheus does."""
+    if not rows or len(rows[0].values) != 1:
+        return rows
+    numbers = [r for r in rows if not np.isnan(r.values[0])]
+    nans = [r for r in rows if np.isnan(r.values[0])]
+    return sorted(numbers, key=lambda r: float(r.values[0]), reverse=largest) + nans
 
 
 def _top_group(largest: bool, members: list[Row], k: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ from hbmwatch.store.aggregate import Partials
 from hbmwatch.store.guard import guarded
 from hbmwatch.store.registry import SeriesRegistry
 from hbmwatch.store.results import LatestValue, QueryResult
-from hbmwatch.store.tiered import TierSamples, read_tiers
+from hbmwatch.store.tiered import TierSamples, read_tiers, series_with_samples
 from hbmwatch.store.tiers import HOUR_MS, MINUTE_MS, batches, floor, in_list, read_watermark
 from hbmwatch.validation import InvalidQuery, QueryTooExpensive
 
@@ -381,7 +381,15 @@ class Queries:
             )
         return [(key, *read[sid]) for sid, key in found if sid in read], expired
 
-    def label_sets(self, matchers: Sequence[Matcher]) -> list[SeriesKey]:
-        """Every known series the matchers select (all series with no matchers)."""
+    def label_sets(
+        self, matchers: Sequence[Matcher], lo: int | None = None, hi: int | None = None
+    ) -> list[SeriesKey]:
+        """Every known series the matchers select (all with no matchers); with ``lo`` and
+        ``hi`` (ms) only those holding a sample in that range."""
         self.series_registry.refresh()
-        return [key for _, key in self.series_registry.select_matching(matchers)]
+        found = self.series_registry.select_matching(matchers)
+        if lo is None or hi is None:
+            return [key for _, key in found]
+        with self.engine.connect() as conn:
+            live = series_with_samples(conn, [sid for sid, _ in found], lo, hi)
+        return [key for sid, key in found if sid in live]

@@ -106,3 +106,38 @@ def read_tiers(conn: Any, ids: list[int], lo: int, hi: int, *, hourly: bool) -> 
         if keep.any():
             out[sid] = TierSamples(*(getattr(merged, f)[keep] for f in _FIELDS))
     return out
+
+
+def series_with_samples(conn: Any, ids: list[int], lo: int, hi: int) -> set[int]:
+    """Which of ``ids`` hold a sample in ``[lo, hi]``: by hourly rollup, then minute chunk,
+    then head, each asked only about the series not found yet.
+
+    Whole hours and minutes count, as Prometheus' answers count whole chunks and blocks.
+    """
+    found: set[int] = set()
+    for table, width in (("rollup_1h", HOUR_MS), ("samples_chunk", MINUTE_MS)):
+        rest = [i for i in ids if i not in found]
+        for batch in batches(rest):
+            found.update(
+                int(sid)
+                for (sid,) in conn.execute(
+                    text(
+                        f"SELECT DISTINCT series_id FROM {table} WHERE series_id IN "
+                        f"({in_list(batch)}) AND start_ms >= :lo AND start_ms <= :hi"
+                    ),
+                    {"lo": floor(lo, width), "hi": hi},
+                )
+            )
+    rest = [i for i in ids if i not in found]
+    for batch in batches(rest):
+        found.update(
+            int(sid)
+            for (sid,) in conn.execute(
+                text(
+                    "SELECT DISTINCT series_id FROM samples_head WHERE ts >= :lo AND ts <= :hi "
+                    f"AND series_id IN ({in_list(batch)})"
+                ),
+                {"lo": lo, "hi": hi},
+            )
+        )
+    return found

@@ -26,12 +26,13 @@ from hbmwatch import metrics
 from hbmwatch.api import promjson
 from hbmwatch.api.deps import ScopeRead
 from hbmwatch.matchers import Matcher
-from hbmwatch.promql import resolution
+from hbmwatch.promql import resolution, virtual
 from hbmwatch.promql.engine import Evaluator, parse
 from hbmwatch.promql.engine import matchers_of as selector_matchers
 from hbmwatch.promql.errors import BadQuery, QueryError
-from hbmwatch.promql.source import StoreSource
-from hbmwatch.promql.values import NAME, Grid, Scalar, Windows
+from hbmwatch.promql.source import StoreSource, labels_of_key
+from hbmwatch.promql.values import Grid, Labels, Scalar, Windows
+from hbmwatch.promql.virtual import WithVirtual
 from hbmwatch.query import time_budget
 from hbmwatch.store.store import SchemaOutdated, StoreUnavailable
 from hbmwatch.validation import HbmwatchError, QueryTooExpensive
@@ -155,7 +156,8 @@ def _tier(request: Request, params: dict[str, list[str]], tree: Any, grid: Grid)
 
 def _evaluate(request: Request, params: dict[str, list[str]], grid: Grid, *, instant: bool) -> str:
     tree = parse(_one(params, "query"))
-    source = StoreSource(request.app.state.store, _tier(request, params, tree, grid))
+    store = request.app.state.store
+    source = WithVirtual(store, StoreSource(store, _tier(request, params, tree, grid)))
     value = Evaluator(source).eval(tree, grid)
     if not instant and not isinstance(value, list | Scalar):
         kind = "range vector" if isinstance(value, Windows) else "string"
@@ -223,12 +225,25 @@ def _match_sets(params: dict[str, list[str]], *, required: bool) -> list[list[Ma
 
 
 def _series(request: Request, params: dict[str, list[str]], *, required: bool):
+    """Series matching any ``match[]`` with a sample between ``start`` and ``end``."""
     sets = _match_sets(params, required=required) or [[]]
+    start, end = _one(params, "start"), _one(params, "end")
+    lo = promjson.parse_time(start, "start") if start else promjson.MIN_TIME_MS
+    hi = promjson.parse_time(end, "end") if end else promjson.MAX_TIME_MS
+    if hi < lo:
+        raise BadQuery('invalid parameter "end": end timestamp must not be before start time')
+    bounded = bool(start or end)
     store = request.app.state.store
-    seen: dict[str, Any] = {}
+    seen: dict[str, Labels] = {}
     for matchers in sets:
-        for key in store.label_sets(matchers):
-            seen.setdefault(key.text, key)
+        _, stored = virtual.wanted(matchers)
+        if stored:
+            keys = store.label_sets(matchers, lo, hi) if bounded else store.label_sets(matchers)
+            for key in keys:
+                seen.setdefault(key.text, labels_of_key(key))
+        now = store.now_ms()
+        for s in virtual.matching(store, matchers, max(lo, 0), min(hi, now)):
+            seen.setdefault(json.dumps(s.labels), s.labels)
     return list(seen.values())
 
 
@@ -240,8 +255,7 @@ async def series(request: Request, _: ScopeRead) -> Response:
     params = await _params(request)
 
     def work() -> str:
-        keys = _series(request, params, required=True)
-        found = [{NAME: k.metric, **dict(k.labels)} for k in keys]
+        found = [dict(labels) for labels in _series(request, params, required=True)]
         return promjson.success(json.dumps(found, separators=(",", ":")), [])
 
     return await _answer(request, work)
@@ -255,12 +269,9 @@ async def labels(request: Request, _: ScopeRead) -> Response:
     params = await _params(request)
 
     def work() -> str:
-        names = {NAME}
-        keys = _series(request, params, required=False)
-        if not keys:
-            names = set()
-        for key in keys:
-            names.update(name for name, _ in key.labels)
+        names: set[str] = set()
+        for labels in _series(request, params, required=False):
+            names.update(name for name, _ in labels)
         return promjson.success(json.dumps(sorted(names)), [])
 
     return await _answer(request, work)
@@ -275,8 +286,8 @@ async def label_values(name: str, request: Request, _: ScopeRead) -> Response:
         if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", name):
             raise BadQuery(f'invalid label name: "{name}"')
         values: set[str] = set()
-        for key in _series(request, params, required=False):
-            got = key.metric if name == NAME else key.label_dict.get(name, "")
+        for labels in _series(request, params, required=False):
+            got = dict(labels).get(name, "")
             if got:
                 values.add(got)
         return promjson.success(json.dumps(sorted(values)), [])
