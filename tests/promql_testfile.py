@@ -251,16 +251,12 @@ def read_file(path: Path) -> list[Command]:
 
 
 class Store:
-    """Series in memory, as a ``SampleSource``; stale markers are held but never returned.
-
-    ``touched_stale`` records that a select's range held a stale marker: hbmwatch has no
-    staleness, so an answer read from such a series cannot be compared.
-    """
+    """Series in memory, as a ``SampleSource``: what the loads so far appended, staleness
+    markers (``stale``) included, as Prometheus' storage returns them to its engine."""
 
     def __init__(self) -> None:
         self.data: dict[Labels, list[tuple[int, float]]] = {}
         self.warnings: list[str] = []
-        self.touched_stale = False
 
     def load(self, cmd: Load) -> None:
         """Append as Prometheus' TSDB head appends: in time order per series."""
@@ -280,11 +276,9 @@ class Store:
             if not all(m.matches(got.get(m.label, "")) for m in matchers):
                 continue
             window = [(t, v) for t, v in self.data[labels] if lo <= t <= hi]
-            kept = [(t, v) for t, v in window if not is_stale(v)]
-            self.touched_stale |= len(kept) != len(window)
-            if kept:
-                times = np.array([t for t, _ in kept], dtype=np.int64)
-                values = np.array([v for _, v in kept], dtype=np.float64)
+            if window:
+                times = np.array([t for t, _ in window], dtype=np.int64)
+                values = np.array([v for _, v in window], dtype=np.float64)
                 out.append(RawSeries(labels, times, values))
         return out
 

@@ -39,30 +39,18 @@ FIXTURES = Path(__file__).parent / "fixtures" / "promql"
 
 #: Every reason a case or a part of one does not run: what hbmwatch leaves out on purpose.
 SKIPS = {
-    "stale": "staleness markers (`stale` in a load): hbmwatch's store has none, a series "
-    "that stops stays visible for the 5-minute lookback",
     "at_subquery": "the @ modifier on subqueries: hbmwatch's engine refuses it",
-}  # native histograms would be one more: Prometheus 2.42's histograms.test has classic ones only
+}
+# Not skipped: staleness markers (the engine honours them since main 5a4a6b2); native
+# histograms would be skipped, but Prometheus 2.42's histograms.test has classic ones only.
 #: Prometheus' functions whose value depends on the evaluation time (``AtModifierUnsafeFunctions``).
 AT_UNSAFE = {
     "days_in_month", "day_of_month", "day_of_week", "day_of_year", "hour", "minute", "month",
     "year", "predict_linear", "time", "timestamp",
 }  # fmt: skip
-_TOP_ORDER = "topk/bottomk answer in input order; Prometheus sorts each group's result"
-_NAN_LAST = "sort/sort_desc put NaN first; Prometheus puts it last in both"
-_ATAN2 = "vector atan2 vector drops __name__; Prometheus 2.42 keeps it (not arithmetic)"
-#: Cases that fail today, by ``file:line``, each with the engine defect it shows.  Strict: a
-#: fix makes its cases pass and this test fail until they leave this table.
-XFAIL: dict[str, str] = {
-    **dict.fromkeys(
-        [f"aggregators:{n}" for n in (266, 271, 276, 280, 304, 319, 325)],
-        _TOP_ORDER,
-    ),
-    "functions:454": _NAN_LAST,
-    "functions:465": _NAN_LAST,
-    "operators:483": _ATAN2,
-    "operators:486": _ATAN2,
-}
+#: Cases that fail today, ``file:line`` -> the engine defect they show (none at main 5a4a6b2).
+#: Strict: a fix turns its cases red here until they leave this table.
+XFAIL: dict[str, str] = {}
 
 EPSILON = 1e-6
 MIN_NORMAL = sys.float_info.min
@@ -287,11 +275,9 @@ def run_case(case: Case) -> Outcome:
         except SkipVariant as exc:
             outcome.partial.add(str(exc))
         except Mismatch as exc:
-            if store.touched_stale:
-                return Outcome("stale")
             where = "" if at_ms is None else f" [with @ {at_ms / 1000:g} at {et / 1000:g}s]"
             raise Mismatch(f"{case.cmd.expr}{where}: {exc}") from exc
-    return Outcome("stale") if store.touched_stale else outcome
+    return outcome
 
 
 CASES = all_cases()
