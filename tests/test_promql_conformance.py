@@ -149,8 +149,10 @@ class PinnedEvaluator(Evaluator):
     def __init__(self, source: Store, at_ms: int) -> None:
         super().__init__(source)
         self.at = pp.parse(f"x @ {at_ms / 1000:.3f}").at
+        self.reached = 0  # selectors seen: the rewrite relies on the engine calling eval()
 
     def eval(self, node: pp.Expr, grid: Grid) -> object:
+        self.reached += isinstance(node, pp.VectorSelector | pp.MatrixSelector)
         if isinstance(node, pp.VectorSelector) and node.at is None:
             node.at = self.at
         elif isinstance(node, pp.MatrixSelector) and node.vector_selector.at is None:
@@ -197,13 +199,23 @@ def evaluate(case: Case, store: Store, at_ms: int | None, grid: Grid) -> object:
     tree = parse(case.cmd.expr)  # a fresh tree: the @ rewrite changes nodes in place
     ev = Evaluator(store) if at_ms is None else PinnedEvaluator(store, at_ms)
     try:
-        return ev.eval(tree, grid)
+        value = ev.eval(tree, grid)
     except BaseException as exc:  # a Rust panic is a BaseException
         if isinstance(exc, SkipVariant | Mismatch | QueryError):
             raise
         if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
             raise
         raise Mismatch(f"engine crashed: {type(exc).__name__}: {exc}") from exc
+    if isinstance(ev, PinnedEvaluator) and not ev.reached and any(selectors(tree)):
+        raise Mismatch(
+            "the @ rewrite reached no selector: the engine no longer evaluates "
+            "selectors through Evaluator.eval, so this harness must change"
+        )
+    return value
+
+
+def selectors(tree: pp.Expr) -> list[pp.Expr]:
+    return [n for n in walk(tree) if isinstance(n, pp.VectorSelector | pp.MatrixSelector)]
 
 
 def check_fails(case: Case, store: Store, at_ms: int | None, t: int) -> None:
