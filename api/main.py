@@ -19,6 +19,7 @@ from hbmwatch.api.routes import (
     ingest,
     metrics,
     pages,
+    prometheus,
     silences,
 )
 from hbmwatch.api.routes import series as series_routes
@@ -80,6 +81,7 @@ def create_app(
         silences,
         ingest,
         admin,
+        prometheus,
         pages,
     ):
         app.include_router(module.router)

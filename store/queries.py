@@ -8,13 +8,14 @@ needs them.  Every query is bounded (series, points) before it touches the datab
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from sqlalchemy import Engine, text
 
 from hbmwatch import metrics
+from hbmwatch.matchers import Matcher
 from hbmwatch.query import Aggregation, Selector
 from hbmwatch.records import Point, SeriesKey, SeriesPoints
 from hbmwatch.settings import StoreSettings
@@ -341,3 +342,36 @@ class Queries:
             for sid, key in found
             if sid in newest
         ]
+
+    def select_samples(
+        self, matchers: Sequence[Matcher], lo: int, hi: int
+    ) -> tuple[list[tuple[SeriesKey, np.ndarray, np.ndarray]], bool]:
+        """Raw samples in ``[lo, hi]`` ms of every series the PromQL matchers select.
+
+        Returns the series (sample times in ms, values) and whether raw samples of part of
+        the range have passed retention.  Bounded by ``store.max_series_per_query`` and, in
+        samples read, by ``store.max_points_per_query``.
+        """
+        self.series_registry.refresh()
+        found = self.series_registry.select_matching(matchers)
+        if len(found) > self.settings.max_series_per_query:
+            shown = ",".join(str(m) for m in matchers)
+            raise QueryTooExpensive(
+                f"{{{shown}}} matches {len(found)} series, over the limit of "
+                f"{self.settings.max_series_per_query} (store.max_series_per_query); add matchers",
+                limit="store.max_series_per_query",
+            )
+        raw, expired = self._raw_samples([sid for sid, _ in found], lo, hi + 1)
+        total = sum(len(t) for t, _ in raw.values())
+        if total > (cap := self.settings.max_points_per_query):
+            raise QueryTooExpensive(
+                f"the query reads {total} samples, over the limit of {cap} "
+                "(store.max_points_per_query); narrow it or shorten its ranges",
+                limit="store.max_points_per_query",
+            )
+        return [(key, *raw[sid]) for sid, key in found if sid in raw], expired
+
+    def label_sets(self, matchers: Sequence[Matcher]) -> list[SeriesKey]:
+        """Every known series the matchers select (all series with no matchers)."""
+        self.series_registry.refresh()
+        return [key for _, key in self.series_registry.select_matching(matchers)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, select
@@ -18,8 +18,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from hbmwatch import metrics
+from hbmwatch.matchers import Matcher
 from hbmwatch.metrics import WORKLOAD_LABELS, MetricDef
-from hbmwatch.query import MatchOp, Selector
+from hbmwatch.query import MatchOp, Selector, check_time_budget
 from hbmwatch.records import SeriesKey
 from hbmwatch.store.models import Series
 from hbmwatch.validation import (
@@ -31,6 +32,9 @@ from hbmwatch.validation import (
     check_label_name,
     check_label_value,
 )
+
+#: the label PromQL matches the metric name by
+NAME_LABEL = "__name__"
 
 
 @dataclass(frozen=True)
@@ -237,5 +241,29 @@ class SeriesRegistry:
             if any(labels.get(k, "") != v for k, v in exact.items()):
                 continue
             if selector.matches(key):
+                found.append((series_id, key))
+        return found
+
+    def select_matching(self, matchers: Sequence[Matcher]) -> list[tuple[int, SeriesKey]]:
+        """Series matching PromQL matchers, the metric name as label ``__name__``, in id order.
+
+        A name matched by equality narrows the scan to that metric's series.
+        """
+        names = [m for m in matchers if m.label == NAME_LABEL]
+        rest = [m for m in matchers if m.label != NAME_LABEL]
+        exact = [m.value for m in names if m.op is MatchOp.EQ]
+        if exact:
+            candidates = list(self._by_metric.get(exact[0], []))
+        else:
+            candidates = [sid for ids in list(self._by_metric.values()) for sid in list(ids)]
+            candidates.sort()
+        found = []
+        for series_id in candidates:
+            check_time_budget()
+            key = self.keys[series_id]
+            if not all(m.matches(key.metric) for m in names):
+                continue
+            labels = key.label_dict
+            if all(m.matches(labels.get(m.label, "")) for m in rest):
                 found.append((series_id, key))
         return found

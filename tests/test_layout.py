@@ -19,7 +19,7 @@ from tests.conftest import REPO
 FLOORS = {
     "": 0,
     "store": 1,
-    "collector": 2, "detectors": 2, "alerts": 2,
+    "collector": 2, "detectors": 2, "alerts": 2, "promql": 2,
     "simulator": 3,
     "api": 4,
     "runtime": 5,

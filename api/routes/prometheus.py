@@ -1,0 +1,261 @@
+"""A Prometheus-compatible read API under ``/prometheus``: Grafana's Prometheus datasource,
+``promtool``-style clients and anything else that speaks Prometheus' HTTP API read the store
+with PromQL here (``http://host:8427/prometheus``).
+
+Parameters come from the query string or a form body (Grafana POSTs forms), answers and
+errors have Prometheus' shapes (docs/promql.md lists the deliberate differences).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Coroutine
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+from urllib.parse import parse_qsl
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
+
+from hbmwatch import metrics
+from hbmwatch.api import promjson
+from hbmwatch.api.deps import ScopeRead
+from hbmwatch.matchers import Matcher
+from hbmwatch.promql.engine import Evaluator, parse
+from hbmwatch.promql.engine import matchers_of as selector_matchers
+from hbmwatch.promql.errors import BadQuery, QueryError
+from hbmwatch.promql.source import StoreSource
+from hbmwatch.promql.values import NAME, Grid, Scalar, Windows
+from hbmwatch.query import time_budget
+from hbmwatch.store.store import SchemaOutdated, StoreUnavailable
+from hbmwatch.validation import HbmwatchError, QueryTooExpensive
+
+
+class PrometheusRoute(APIRoute):
+    """A route whose query and parameter errors take Prometheus' shape, not hbmwatch's."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (QueryError, HbmwatchError) as exc:
+                return _failure(exc)
+
+        return handle
+
+
+router = APIRouter(prefix="/prometheus/api/v1", tags=["prometheus"], route_class=PrometheusRoute)
+MAX_POINTS = 11_000
+#: the Prometheus version whose API and PromQL this one follows (Grafana reads it)
+COMPATIBLE_WITH = "2.42.0"
+
+
+def _json(body: str, status: int = 200) -> Response:
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _failure(exc: Exception) -> Response:
+    if isinstance(exc, QueryError):
+        return _json(promjson.error(exc.error_type, str(exc)), exc.status)
+    if isinstance(exc, QueryTooExpensive):
+        return _json(promjson.error("execution", str(exc)), 422)
+    if isinstance(exc, StoreUnavailable | SchemaOutdated):
+        return _json(promjson.error("unavailable", str(exc)), 503)
+    if isinstance(exc, HbmwatchError):
+        return _json(promjson.error("bad_data", str(exc)), 400)
+    raise exc
+
+
+async def _params(request: Request) -> dict[str, list[str]]:
+    """Query-string and form parameters together, as Go's ``Request.FormValue`` sees them."""
+    out: dict[str, list[str]] = {}
+    if request.method == "POST":
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind not in ("", "application/x-www-form-urlencoded"):
+            raise BadQuery(f"form bodies must be application/x-www-form-urlencoded, not {kind}")
+        body = (await request.body()).decode("utf-8", errors="replace")
+        for key, val in parse_qsl(body, keep_blank_values=True):
+            out.setdefault(key, []).append(val)
+    for key, val in request.query_params.multi_items():
+        out.setdefault(key, []).append(val)
+    return out
+
+
+def _one(params: dict[str, list[str]], name: str) -> str:
+    return params.get(name, [""])[0]
+
+
+async def _answer(request: Request, work: Callable[[], str]) -> Response:
+    budget = request.app.state.settings.api.query_timeout_seconds
+
+    def run() -> str:
+        with time_budget(budget):
+            return work()
+
+    try:
+        return _json(await run_in_threadpool(run))
+    except Exception as exc:
+        return _failure(exc)
+
+
+def _evaluate(request: Request, text: str, grid: Grid, *, instant: bool) -> str:
+    source = StoreSource(request.app.state.store)
+    value = Evaluator(source).eval(parse(text), grid)
+    if not instant and not isinstance(value, list | Scalar):
+        kind = "range vector" if isinstance(value, Windows) else "string"
+        raise BadQuery(
+            f'invalid expression type "{kind}" for range query, must be Scalar or instant Vector'
+        )
+    kind, result = promjson.render(value, grid.times, instant=instant)
+    return promjson.success(f'{{"resultType":"{kind}","result":{result}}}', source.warnings)
+
+
+@router.api_route("/query", methods=["GET", "POST"])
+async def query(request: Request, _: ScopeRead) -> Response:
+    """An instant query: ``query``, ``time`` (default now)."""
+    params = await _params(request)
+    raw_time = _one(params, "time")
+    at = promjson.parse_time(raw_time, "time") if raw_time else int(time.time() * 1000)
+    if timeout := _one(params, "timeout"):
+        promjson.parse_duration(timeout, "timeout")
+    text = _one(params, "query")
+    grid = Grid(at, at, 1)
+    return await _answer(request, lambda: _evaluate(request, text, grid, instant=True))
+
+
+@router.api_route("/query_range", methods=["GET", "POST"])
+async def query_range(request: Request, _: ScopeRead) -> Response:
+    """A range query: ``query``, ``start``, ``end``, ``step`` (seconds or a duration)."""
+    params = await _params(request)
+    start = promjson.parse_time(_one(params, "start"), "start")
+    end = promjson.parse_time(_one(params, "end"), "end")
+    if end < start:
+        raise BadQuery('invalid parameter "end": end timestamp must not be before start time')
+    step = promjson.parse_duration(_one(params, "step"), "step")
+    if step <= 0:
+        raise BadQuery(
+            'invalid parameter "step": zero or negative query resolution step widths are '
+            "not accepted. Try a positive integer"
+        )
+    if (end - start) // step > MAX_POINTS:
+        raise BadQuery(
+            "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing "
+            "the query resolution (?step=XX)"
+        )
+    text = _one(params, "query")
+    grid = Grid(start, end, step)
+    return await _answer(request, lambda: _evaluate(request, text, grid, instant=False))
+
+
+def _match_sets(params: dict[str, list[str]], *, required: bool) -> list[list[Matcher]]:
+    selectors = params.get("match[]", [])
+    if required and not selectors:
+        raise BadQuery("no match[] parameter provided")
+    out = []
+    for text in selectors:
+        node = parse(text)
+        while hasattr(node, "expr") and not hasattr(node, "matchers"):
+            node = node.expr
+        if not hasattr(node, "matchers") or hasattr(node, "range"):
+            raise BadQuery(f'invalid parameter "match[]": {text} is not a series selector')
+        out.append(selector_matchers(node))
+    return out
+
+
+def _series(request: Request, params: dict[str, list[str]], *, required: bool):
+    sets = _match_sets(params, required=required) or [[]]
+    store = request.app.state.store
+    seen: dict[str, Any] = {}
+    for matchers in sets:
+        for key in store.label_sets(matchers):
+            seen.setdefault(key.text, key)
+    return list(seen.values())
+
+
+@router.api_route("/series", methods=["GET", "POST"])
+async def series(request: Request, _: ScopeRead) -> Response:
+    """Series that match any ``match[]`` selector."""
+    params = await _params(request)
+
+    def work() -> str:
+        keys = _series(request, params, required=True)
+        found = [{NAME: k.metric, **dict(k.labels)} for k in keys]
+        return promjson.success(json.dumps(found, separators=(",", ":")), [])
+
+    return await _answer(request, work)
+
+
+@router.api_route("/labels", methods=["GET", "POST"])
+async def labels(request: Request, _: ScopeRead) -> Response:
+    """Label names of the series that match ``match[]`` (all series without it)."""
+    params = await _params(request)
+
+    def work() -> str:
+        names = {NAME}
+        keys = _series(request, params, required=False)
+        if not keys:
+            names = set()
+        for key in keys:
+            names.update(name for name, _ in key.labels)
+        return promjson.success(json.dumps(sorted(names)), [])
+
+    return await _answer(request, work)
+
+
+@router.get("/label/{name}/values")
+async def label_values(name: str, request: Request, _: ScopeRead) -> Response:
+    """Values of one label over the series that match ``match[]`` (all without it)."""
+    params = await _params(request)
+
+    def work() -> str:
+        if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", name):
+            raise BadQuery(f'invalid label name: "{name}"')
+        values: set[str] = set()
+        for key in _series(request, params, required=False):
+            got = key.metric if name == NAME else key.label_dict.get(name, "")
+            if got:
+                values.add(got)
+        return promjson.success(json.dumps(sorted(values)), [])
+
+    return await _answer(request, work)
+
+
+@router.get("/metadata")
+async def metadata(request: Request, _: ScopeRead) -> Response:
+    """Type, help and unit of every canonical metric (``metric=`` for one, ``limit=``)."""
+    params = await _params(request)
+    wanted = _one(params, "metric")
+    limit = _one(params, "limit")
+    out: dict[str, list[dict[str, str]]] = {}
+    for definition in metrics.METRICS.values():
+        if wanted and definition.name != wanted:
+            continue
+        if limit and limit.lstrip("-").isdigit() and 0 <= int(limit) <= len(out):
+            break
+        kind = "counter" if definition.is_counter else "gauge"
+        out[definition.name] = [{"type": kind, "help": definition.help, "unit": definition.unit}]
+    return _json(promjson.success(json.dumps(out), []))
+
+
+@router.get("/status/buildinfo")
+async def buildinfo(_: ScopeRead) -> Response:
+    """What Grafana reads to learn the server's flavour and version."""
+    try:
+        ours = version("hbmwatch")
+    except PackageNotFoundError:
+        ours = "unknown"
+    info = {
+        "version": COMPATIBLE_WITH,
+        "revision": f"hbmwatch-{ours}",
+        "branch": "hbmwatch",
+        "buildUser": "hbmwatch",
+        "buildDate": "",
+        "goVersion": "",
+    }
+    return _json(promjson.success(json.dumps(info), []))
