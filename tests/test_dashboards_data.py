@@ -12,12 +12,14 @@ checks their names against a live /metrics.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -161,3 +163,38 @@ def test_query_returns_data_on_hbmwatch(
     if missing:
         pytest.skip(f"/prometheus does not serve the virtual series {sorted(missing)} yet")
     assert answer(client, query, END_S), f"{query}: no data on hbmwatch"
+
+
+def _comparable(result: list[dict[str, Any]]) -> dict[tuple[tuple[str, str], ...], list[Any]]:
+    """Series by label set -> [(time, value)], values as floats (NaN compares equal)."""
+    out = {}
+    for r in result:
+        points = r["values"] if "values" in r else [r["value"]]
+        out[tuple(sorted(r["metric"].items()))] = [(t, float(v)) for t, v in points]
+    return out
+
+
+def _same(x: float, y: float) -> bool:
+    return (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("query", STORE_QUERIES, ids=_IDS)
+def test_query_answers_as_prometheus_does(
+    query: Query, prometheus: httpx.Client, hbmwatch: tuple[httpx.Client, set[str]]
+) -> None:
+    """Over the same samples, hbmwatch answers each dashboard query with Prometheus' series,
+    timestamps and values (relative 1e-9)."""
+    client, known = hbmwatch
+    if _names(query) & VIRTUAL.keys() - known:
+        pytest.skip("a virtual series /prometheus does not serve yet")
+    theirs, ours = answer(prometheus, query, END_S), answer(client, query, END_S)
+    if query.kind == "variable":
+        assert sorted(ours) == sorted(theirs), query
+        return
+    want, got = _comparable(theirs), _comparable(ours)
+    assert got.keys() == want.keys(), f"{query}: series differ: {set(got) ^ set(want)}"
+    for key, points in want.items():
+        assert [t for t, _ in got[key]] == [t for t, _ in points], f"{query}: times of {key}"
+        bad = [(t, x, y) for (t, x), (_, y) in zip(points, got[key], strict=True)
+               if not _same(x, y)]  # fmt: skip
+        assert not bad, f"{query}: {key}: (time, Prometheus, hbmwatch) {bad[:3]}"
