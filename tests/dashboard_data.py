@@ -5,7 +5,8 @@ counters come per link, an H100 host whose come as ``link="all"`` only), their w
 and scrape targets, with a degraded fabric link, a PCIe link that retrained narrower and a
 counter reset, plus the virtual series (an open incident, firing alerts, open findings), so
 every panel has something to show, filtering tables included.  ``answer`` sends one query
-the way Grafana's Prometheus datasource does (form POST; label values with ``match[]``).
+the way Grafana's Prometheus datasource does (form POST; label values with ``match[]``),
+multi-value variables on "All".
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from typing import Any
 import httpx
 
 from hbmwatch.metrics import METRICS, MetricDef, Scope
-from tests.dashboard_queries import VARIABLE_VALUES, Query, substitute
+from tests.dashboard_queries import (
+    DASHBOARDS,
+    VARIABLE_VALUES,
+    Query,
+    load_json,
+    substitute,
+    variables,
+)
 
 #: The newest sample; a fixed past time, so a real Prometheus keeps and serves it.
 END_S = 1_750_000_020
@@ -77,11 +85,14 @@ def _device_label_sets(m: MetricDef) -> Iterator[dict[str, str]]:
 def _value(m: MetricDef, labels: Mapping[str, str], i: int, n: int) -> float:
     if m.is_counter:
         return float(7 * (i if i < n // 2 else i - n // 2))  # restarts once, halfway
+    late = i > n // 2
     if m.name == "gpu_fabric_link_bandwidth_bytes_per_second":
-        degraded = labels.get("host") == "n0" and labels.get("link") == "1" and i > n // 2
+        degraded = (labels["host"], labels["gpu"], labels["link"]) == ("n0", "0", "1") and late
         return 64e9 if degraded else 128e9
     if m.name == "gpu_pcie_link_width_lanes":
-        return 8.0 if labels.get("host") == "n0" and labels["gpu"] == "1" and i > n // 2 else 16.0
+        return 8.0 if (labels["host"], labels["gpu"]) == ("n0", "1") and late else 16.0
+    if m.name == "gpu_pcie_link_speed_transfers_per_second":
+        return 32e9
     if m.unit == "boolean":
         return float(i // 20 % 2)
     if m.unit == "ratio":
@@ -187,7 +198,9 @@ def openmetrics(series: list[Series]) -> str:
 def answer(client: httpx.Client, query: Query, end_s: float, **values: str) -> list[Any]:
     """What the datasource would get back for ``query`` at ``end_s``: the result list of a
     query, or a variable's label values.  Raises on an error answer."""
-    expr = substitute(query.expr, {**VARIABLE_VALUES, **values})
+    dashboard = load_json(DASHBOARDS / "json" / query.dashboard)
+    every = {v["name"]: ".*" for v in variables(dashboard) if v.get("includeAll")}  # "All"
+    expr = substitute(query.expr, {**VARIABLE_VALUES, **every, **values})
     if query.kind == "variable":
         response = client.get(
             f"api/v1/label/{query.label}/values",
