@@ -229,10 +229,13 @@ def test_everything_queries_the_datasource_variable(path: Path) -> None:
 @pytest.mark.parametrize("path", DASHBOARD_FILES, ids=_ids(DASHBOARD_FILES))
 def test_variables_list_label_values(path: Path) -> None:
     """Query variables are ``label_values(selector, label)`` of a canonical metric, and
-    a multi-value one matches everything with ``.*`` (an empty label too)."""
+    a multi-value one matches everything with ``.*`` (an empty label too).  The query is
+    the ``query`` string Grafana's Prometheus variable support runs; no editor ``qryType``,
+    which without its ``label``/``metric`` fields Grafana turns into label_values(undefined)."""
     for var in variables(load_json(path)):
         if var["type"] != "query":
             continue
+        assert isinstance(var["query"], str) or set(var["query"]) == {"query", "refId"}, var
         (query,) = [q for q in queries(path) if q.kind == "variable" and q.where == var["name"]]
         assert query.label, f"{query}: not label_values(...): {query.text}"
         assert {s.name for s in selectors(parse(query.expr))} <= METRICS.keys(), query
