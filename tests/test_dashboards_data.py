@@ -28,7 +28,7 @@ from fastapi.testclient import TestClient
 from hbmwatch.api.main import create_app
 from hbmwatch.metrics import METRICS
 from hbmwatch.records import Sample, SeriesKey
-from hbmwatch.settings import Settings, StoreSettings
+from hbmwatch.settings import ApiSettings, Settings, StoreSettings
 from hbmwatch.store.engine import create_store_engine
 from tests.conftest import Clock, make_store, require_service
 from tests.dashboard_data import END_S, answer, fleet_series, openmetrics
@@ -198,3 +198,23 @@ def test_query_answers_as_prometheus_does(
         bad = [(t, x, y) for (t, x), (_, y) in zip(points, got[key], strict=True)
                if not _same(x, y)]  # fmt: skip
         assert not bad, f"{query}: {key}: (time, Prometheus, hbmwatch) {bad[:3]}"
+
+
+def test_grafana_reads_with_the_read_token(tmp_path: Path) -> None:
+    """With reads closed, /prometheus answers Grafana's provisioned header (the read token,
+    which can do nothing else) and refuses a request without it."""
+    url = f"sqlite:///{tmp_path / 'hbmwatch.db'}"
+    store = make_store(url, Clock(float(END_S)))
+    api = ApiSettings(read_token="r-token", write_token="w-token", open_reads=False)
+    settings = Settings(store=StoreSettings(url=url), api=api)
+    try:
+        with TestClient(create_app(settings, store), base_url="http://testserver/") as client:
+            query = {"query": "vector(1)", "time": END_S}
+            grafana = {"Authorization": "Bearer r-token"}  # httpHeaderName1 / httpHeaderValue1
+            ok = client.post("prometheus/api/v1/query", data=query, headers=grafana)
+            assert ok.status_code == 200 and ok.json()["data"]["result"], ok.text
+            assert client.post("prometheus/api/v1/query", data=query).status_code == 401
+            silence = client.post("api/v1/silences", json={}, headers=grafana)
+            assert silence.status_code in (401, 403), silence.text  # a read token cannot write
+    finally:
+        store.close()
