@@ -38,6 +38,17 @@ LOOKBACK_MS = 300_000
 #: the step of a subquery that names none: Prometheus' default evaluation interval
 SUBQUERY_STEP_MS = 60_000
 _OPS = {"Equal": "=", "NotEqual": "!=", "Re": "=~", "NotRe": "!~"}
+# Prometheus 2.42 still has holt_winters (3.0 renamed it); the parser follows 3.0.
+pp.register_extra_functions(
+    [
+        pp.Function(
+            "holt_winters",
+            [pp.ValueType.Matrix, pp.ValueType.Scalar, pp.ValueType.Scalar],
+            pp.ValueType.Vector,
+            False,
+        )
+    ]
+)
 
 
 def parse(text: str) -> pp.Expr:
@@ -103,7 +114,10 @@ class Evaluator:
             return grid.start
         if kind == "End":
             return grid.end
-        return round(at.at.timestamp() * 1000)
+        try:
+            return round(at.at.timestamp() * 1000)
+        except BaseException:
+            raise Unsupported("the @ modifier with a time before 1970") from None
 
     def _refs(self, node: pp.VectorSelector, grid: Grid) -> np.ndarray:
         at = self._at(node.at, grid)

@@ -84,6 +84,8 @@ class RawSeries:
     labels: Labels
     times: np.ndarray
     values: np.ndarray
+    #: per sample (count, min, max, sum) where each stands for a minute or an hour
+    stats: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
