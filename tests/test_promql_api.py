@@ -241,7 +241,7 @@ def test_alerts_incidents_and_findings_are_series(store: Store, clock: Clock) ->
 
 
 def test_grafana_side_calls_answer_empty_or_from_alerting(store: Store, clock: Clock) -> None:
-    _, incident_id = open_incident(store, clock)
+    open_incident(store, clock)
     with TestClient(create_app(settings_for(store), store)) as c:
         assert c.post(f"{API}/query_exemplars", data={"query": POWER}).json()["data"] == []
         assert c.get(f"{API}/rules").json()["data"] == {"groups": []}
