@@ -238,3 +238,13 @@ def test_alerts_incidents_and_findings_are_series(store: Store, clock: Clock) ->
                 "end": resolved + 60, "step": 60}  # fmt: skip
         values = c.get(f"{API}/query_range", params=span).json()["data"]["result"][0]["values"]
         assert float(values[0][0]) == opened and float(values[-1][0]) <= resolved
+
+
+def test_grafana_side_calls_answer_empty_or_from_alerting(store: Store, clock: Clock) -> None:
+    open_incident(store, clock)
+    with TestClient(create_app(settings_for(store), store)) as c:
+        assert c.post(f"{API}/query_exemplars", data={"query": POWER}).json()["data"] == []
+        assert c.get(f"{API}/rules").json()["data"] == {"groups": []}
+        alerts = c.get(f"{API}/alerts").json()["data"]["alerts"]
+    assert len(alerts) == 2 and {a["state"] for a in alerts} <= {"pending", "firing"}
+    assert all(a["activeAt"].endswith("+00:00") for a in alerts)

@@ -12,6 +12,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 from urllib.parse import parse_qsl
@@ -328,3 +329,40 @@ async def buildinfo(_: ScopeRead) -> Response:
         "goVersion": "",
     }
     return _json(promjson.success(json.dumps(info), []))
+
+
+@router.api_route(
+    "/query_exemplars", methods=["GET", "POST"], openapi_extra=_documented("query", "start", "end")
+)
+async def query_exemplars(_: ScopeRead) -> Response:
+    """No exemplars are stored: an empty answer, as Prometheus gives for series without."""
+    return _json(promjson.success("[]", []))
+
+
+@router.get("/rules")
+async def rules(_: ScopeRead) -> Response:
+    """hbmwatch evaluates no rule groups here (its detectors raise the alerts); Grafana asks."""
+    return _json(promjson.success('{"groups":[]}', []))
+
+
+@router.get("/alerts")
+async def alerts(request: Request, _: ScopeRead) -> Response:
+    """hbmwatch's pending and firing alerts in Prometheus' ``/api/v1/alerts`` shape."""
+
+    def work() -> str:
+        store = request.app.state.store
+        live = store.alerts.alerts(since_ms=store.now_ms(), limit=5000)
+        items = [
+            {
+                "labels": dict(a.labels),
+                "annotations": dict(a.annotations),
+                "state": a.state.value,
+                "activeAt": datetime.fromtimestamp(a.started_ms / 1000, UTC).isoformat(),
+                "value": "1e+00",
+            }
+            for a in live
+            if a.resolved_ms is None
+        ]
+        return promjson.success(json.dumps({"alerts": items}, separators=(",", ":")), [])
+
+    return await _answer(request, work)
