@@ -266,7 +266,8 @@ class Grammar:
             )
             left = draw(child)
             right = f"sum by ({', '.join(on)}) ({draw(child)})"
-            style = draw(st.integers(0, 5))
+            style = draw(st.integers(0, 7))
+            extra = draw(st.sampled_from(("", "", "(rack)", "(sku, partition)")))
             op = draw(
                 st.one_of(
                     st.sampled_from(ARITH),
@@ -277,9 +278,13 @@ class Grammar:
             )
             keys = ", ".join(on)
             if style == 0:
-                return f"{left} {op} on({keys}) group_left {right}"
+                return f"{left} {op} on({keys}) group_left{extra} {right}"
             if style == 1:
-                return f"{right} {op} on({keys}) group_right {left}"
+                return f"{right} {op} on({keys}) group_right{extra} {left}"
+            if style == 4:
+                return f"{left} {op} on() group_left {draw(child)}"
+            if style == 5:
+                return f"{left} {op} ignoring(stack, domain, reason) group_left{extra} {right}"
             if style == 2:
                 return f"sum by ({keys}) ({left}) {op} {right}"
             if style == 3:
@@ -293,10 +298,24 @@ class Grammar:
     def query(self) -> st.SearchStrategy[str]:
         vectors = st.recursive(self.leaf(), self.extend, max_leaves=3)
         scalars = st.builds(
-            lambda a, o, b: f"{a} {o} {b}",
+            lambda a, o, b, p, c: f"{a} {o} {b} {p} {c}",
             self.scalar_leaf(),
             st.sampled_from(ARITH),
             self.scalar_leaf(),
+            st.sampled_from((*ARITH, "==bool", ">bool")),
+            st.one_of(self.scalar_leaf(), st.builds(lambda x: f"-{x}", self.scalar_leaf())),
+        )
+        vectors = st.one_of(
+            vectors,
+            vectors,
+            vectors,
+            vectors,
+            st.builds(lambda v: f"-{v}", vectors),
+            st.builds(
+                lambda m, q: f"absent(nope_metric{{{m}}}) * {q}",
+                st.sampled_from(('host="h0"', 'host="h0",rack=~"r.*"', 'a="1",a="2"')),
+                st.sampled_from(("1", "2 ^ 3 ^ 2", "-2 ^ 2")),
+            ),
         )
         return st.one_of(
             vectors, vectors, vectors, vectors, vectors, vectors, scalars, st.sampled_from(INVALID)
