@@ -51,6 +51,7 @@ def dump_store(store: Store, start_ms: int = 0, end_ms: int = 2**62) -> Iterator
     The store has one copy of each raw sample (a minute is either a chunk or still in the
     head), so this is exactly what was accepted, whatever compaction did since.
     """
+    # Not ``Store.select_samples``: that one is bounded for queries, a dump reads everything.
     store.series_registry.refresh()
     found = sorted(store.series_registry.keys.items())
     for i in range(0, len(found), _DUMP_BATCH):

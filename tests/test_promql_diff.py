@@ -30,7 +30,12 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from hbmwatch.api.main import create_app
-from hbmwatch.bench.realprom import dump_store, samples_by_series
+from hbmwatch.bench.realprom import (
+    PrometheusUnavailable,
+    RealPrometheus,
+    dump_store,
+    samples_by_series,
+)
 from hbmwatch.metrics import METRICS
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store.store import Store, open_store
@@ -75,6 +80,16 @@ def test_prometheus_holds_exactly_the_samples(
         points = body["data"]["result"][0]["values"]
         assert [round(float(t) * 1000) for t, _ in points] == s.timestamps_ms.tolist()
         assert [float(v) for _, v in points] == s.values.tolist()
+
+
+def test_a_missing_prometheus_is_named_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(PrometheusUnavailable) as caught:
+        RealPrometheus.over([], tmp_path)
+    assert str(caught.value).startswith("promtool and prometheus not found on PATH")
+    assert "\n" not in str(caught.value)
 
 
 def test_the_comparison_tells_answers_apart() -> None:
@@ -170,7 +185,8 @@ def _record(
     row = {"query": query, "mode": mode, "kind": outcome.kind, "why": outcome.why}
     if theirs is not None:
         data = theirs[1].get("data") if theirs[0] == 200 and isinstance(theirs[1], dict) else None
-        row["prom_items"] = len(data["result"] if isinstance(data, dict) else data or [])
+        items = data.get("result", data) if isinstance(data, dict) else data
+        row["prom_items"] = len(items) if isinstance(items, list | dict) else 1
     outcomes.append(row)
 
 
