@@ -44,9 +44,7 @@ class BodyGuard:
         headers = dict(scope["headers"])
         token = bearer_token(headers.get(b"authorization"))
         granted = granted_scope(self.settings, token)
-        writes = scope["method"] in WRITE_METHODS and not scope["path"].startswith(
-            READ_POST_PREFIX
-        )
+        writes = scope["method"] in WRITE_METHODS and not scope["path"].startswith(READ_POST_PREFIX)
         if granted is None and writes:
             message = (
                 "the bearer token is not valid"

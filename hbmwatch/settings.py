@@ -101,6 +101,12 @@ class ApiSettings(_Section):
     query_timeout_seconds: float = Field(
         10.0, gt=0, le=600, description="Time budget of one query (over it: 400)."
     )
+    promql_raw_max_span_seconds: float = Field(
+        6 * 3600.0,
+        gt=0,
+        description="PromQL over /prometheus reads raw samples for spans up to this long; "
+        "longer spans at steps of a minute or more read the minute (or hour) tier.",
+    )
     max_concurrent_requests: int = Field(
         8, ge=1, le=1024, description="API requests served at once; more wait in a queue."
     )

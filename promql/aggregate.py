@@ -126,19 +126,52 @@ def _quantile(labels: Labels, members: list[Row], q: np.ndarray) -> Row:
 
 
 def _top(largest: bool, groups: dict[Labels, list[Row]], k_values: np.ndarray, grid: Grid):
-    chosen: dict[int, tuple[Row, np.ndarray]] = {}
-    for step in range(len(grid)):
-        k_float = float(k_values[step])
+    ks = []
+    for k_float in k_values.tolist():
         if not np.isfinite(k_float) or abs(k_float) >= 2**63:
             raise QueryError(f"Scalar value {k_float:g} overflows int64")
-        k = int(k_float)
-        if k < 1:
-            continue
-        for members in groups.values():
-            present = [r for r in members if r.present[step]]
-            for r in _heap_select(present, step, k, largest):
-                chosen.setdefault(id(r), (r, np.zeros(len(grid), dtype=bool)))[1][step] = True
-    return [Row(r.labels, r.values, mask) for r, mask in chosen.values()]
+        ks.append(int(k_float))
+    k = np.array(ks)
+    out = []
+    for members in groups.values():
+        chosen = _top_group(largest, members, k)
+        rows = [Row(r.labels, r.values, mask) for r, mask in zip(members, chosen, strict=True)]
+        out.extend(_ordered([r for r in rows if r.any()], largest))
+    return out
+
+
+def _ordered(rows: list[Row], largest: bool) -> list[Row]:
+    """An instant answer lists a group's picks best first, NaN last, as Prometheus does."""
+    if not rows or len(rows[0].values) != 1:
+        return rows
+    numbers = [r for r in rows if not np.isnan(r.values[0])]
+    nans = [r for r in rows if np.isnan(r.values[0])]
+    return sorted(numbers, key=lambda r: float(r.values[0]), reverse=largest) + nans
+
+
+def _top_group(largest: bool, members: list[Row], k: np.ndarray) -> np.ndarray:
+    """Which members each step keeps: by value where that is unambiguous, else Go's heap."""
+    values = np.array([r.values for r in members])
+    present = np.array([r.present for r in members])
+    chosen = present & (k >= 1)[None, :]
+    count = present.sum(axis=0)
+    crowded = np.flatnonzero((count > k) & (k >= 1))
+    if not len(crowded):
+        return chosen
+    sub = values[:, crowded]
+    key = np.where(present[:, crowded], sub if largest else -sub, -np.inf)
+    kth = -np.sort(-key, axis=0)[k[crowded] - 1, np.arange(len(crowded))]
+    chosen[:, crowded] = key > kth
+    ties = (key == kth).sum(axis=0)
+    needed = k[crowded] - chosen[:, crowded].sum(axis=0)
+    fill = ties == needed
+    chosen[:, crowded[fill]] |= (key == kth)[:, fill]
+    messy = ~fill | np.isnan(sub).any(axis=0) | np.isinf(kth)
+    for step in crowded[messy].tolist():
+        picked = {id(r) for r in _heap_select([r for r in members if r.present[step]], step,
+                                              int(k[step]), largest)}  # fmt: skip
+        chosen[:, step] = [id(r) in picked for r in members]
+    return chosen
 
 
 def _heap_select(rows: list[Row], step: int, k: int, largest: bool) -> list[Row]:

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from hbmwatch.promql.engine import Evaluator
 
 ARITHMETIC = {"+", "-", "*", "/", "%", "^", "atan2"}
+#: the operators whose result loses the metric name (Prometheus 2.42 keeps it for atan2)
+DROPS_NAME = {"+", "-", "*", "/", "%", "^"}
 COMPARISON = {"==", "!=", ">", "<", ">=", "<="}
 SET = {"and", "or", "unless"}
 
@@ -86,7 +88,7 @@ def _with_scalar(op: str, rows: list[Row], s: np.ndarray, *, swap: bool, return_
             value = keep.astype(float)
         else:
             present &= keep
-        drop = op not in COMPARISON or return_bool
+        drop = op in DROPS_NAME or return_bool
         labels = tuple(p for p in r.labels if p[0] != NAME) if drop else r.labels
         out.append(Row(labels, value, present))
     return merge_rows(out)
@@ -134,7 +136,7 @@ def _set(op: str, left: list[Row], right: list[Row], on: bool, names: list[str])
 def result_labels(lhs: Labels, rhs: Labels, op: str, on: bool, names: list[str], card: str,
                   include: list[str]) -> Labels:  # fmt: skip
     out = dict(lhs)
-    if op in ARITHMETIC:
+    if op in DROPS_NAME:
         out.pop(NAME, None)
     if card == "OneToOne":
         if on:

@@ -29,6 +29,7 @@ from hbmwatch.promql.values import (
     Value,
     Windows,
     check_unique,
+    is_stale,
     without_name,
 )
 from hbmwatch.query import check_time_budget
@@ -38,6 +39,17 @@ LOOKBACK_MS = 300_000
 #: the step of a subquery that names none: Prometheus' default evaluation interval
 SUBQUERY_STEP_MS = 60_000
 _OPS = {"Equal": "=", "NotEqual": "!=", "Re": "=~", "NotRe": "!~"}
+# Prometheus 2.42 still has holt_winters (3.0 renamed it); the parser follows 3.0.
+pp.register_extra_functions(
+    [
+        pp.Function(
+            "holt_winters",
+            [pp.ValueType.Matrix, pp.ValueType.Scalar, pp.ValueType.Scalar],
+            pp.ValueType.Vector,
+            False,
+        )
+    ]
+)
 
 
 def parse(text: str) -> pp.Expr:
@@ -103,7 +115,10 @@ class Evaluator:
             return grid.start
         if kind == "End":
             return grid.end
-        return round(at.at.timestamp() * 1000)
+        try:
+            return round(at.at.timestamp() * 1000)
+        except BaseException:
+            raise Unsupported("the @ modifier with a time before 1970") from None
 
     def _refs(self, node: pp.VectorSelector, grid: Grid) -> np.ndarray:
         at = self._at(node.at, grid)
@@ -120,6 +135,7 @@ class Evaluator:
             idx = np.searchsorted(s.times, refs, side="right") - 1
             at = np.clip(idx, 0, None)
             present = (idx >= 0) & (s.times[at] >= refs - self.lookback)
+            present &= ~is_stale(s.values[at])
             if present.any():
                 rows.append(Row(s.labels, s.values[at], present, s.times[at]))
         return rows
@@ -129,7 +145,8 @@ class Evaluator:
         refs = self._refs(vs, grid)
         range_ms = ms(node.range)
         series = self.select(vs, int(refs.min()) - range_ms, int(refs.max()))
-        return Windows.over(series, refs, range_ms)
+        live = [_without_markers(s) for s in series]
+        return Windows.over(live, refs, range_ms)
 
     def subquery(self, node: pp.SubqueryExpr, grid: Grid) -> Windows:
         if node.at is not None:
@@ -193,6 +210,14 @@ def _matcher(label: str, op: str, value: str) -> Matcher:
         return Matcher.of(label, op, value)
     except HbmwatchError as exc:
         raise BadQuery(str(exc)) from None
+
+
+def _without_markers(s: RawSeries) -> RawSeries:
+    """Range selections skip staleness markers, as Prometheus' do."""
+    stale = is_stale(s.values)
+    if not stale.any():
+        return s
+    return RawSeries(s.labels, s.times[~stale], s.values[~stale], s.stats)
 
 
 def _negate(value: Value) -> Value:

@@ -334,11 +334,12 @@ def _scalar(rows: list[Row], n: int) -> Scalar:
 
 
 def _sorted(rows: list[Row], *, descending: bool) -> list[Row]:
-    def key(r: Row) -> float:
-        v = float(r.values[0]) if r.present[0] else math.nan
-        return -math.inf if math.isnan(v) else (-v if descending else v)
-
-    return sorted(rows, key=key) if rows and len(rows[0].values) == 1 else rows
+    """Instant results by value, NaN last either way (Prometheus' reversed heap sorts)."""
+    if not rows or len(rows[0].values) != 1:
+        return rows
+    numbers = [r for r in rows if not np.isnan(r.values[0])]
+    nans = [r for r in rows if np.isnan(r.values[0])]
+    return sorted(numbers, key=lambda r: float(r.values[0]), reverse=descending) + nans
 
 
 def _timestamp(rows: list[Row], arg: pp.Expr, grid: Grid) -> list[Row]:

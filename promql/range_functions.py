@@ -9,7 +9,7 @@ sample position at a time, so the float operations are Prometheus' own in its or
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,6 +33,8 @@ class Flat:
     n: np.ndarray  # [S, N]
     ends: np.ndarray  # [N]
     range_ms: int
+    #: (count, min, max, sum) per sample where samples stand for tier periods
+    stats: tuple[np.ndarray, ...] | None = None
 
     @classmethod
     def of(cls, w: Windows) -> Flat:
@@ -40,7 +42,12 @@ class Flat:
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         v = np.concatenate([s.values for s in w.series]) if w.series else np.empty(0)
         t = np.concatenate([s.times for s in w.series]) if w.series else np.empty(0, np.int64)
-        return cls(v, t, w.lo + offsets[:, None], w.counts, w.ends, w.range_ms)
+        stats = None
+        if any(s.stats is not None for s in w.series):
+            each = [s.stats or (np.ones(len(s.values)), s.values, s.values, s.values)
+                    for s in w.series]  # fmt: skip
+            stats = tuple(np.concatenate([e[i] for e in each]) for i in range(4))
+        return cls(v, t, w.lo + offsets[:, None], w.counts, w.ends, w.range_ms, stats)
 
 
 Result = tuple[np.ndarray, np.ndarray]  # values [S, N], present [S, N]
@@ -285,7 +292,34 @@ FUNCTIONS = frozenset(
 )
 
 
+def _from_stats(name: str, f: Flat) -> Result:
+    """``*_over_time`` over tier samples: from each period's count, min, max and sum."""
+    count, low, high, total = f.stats  # type: ignore[misc]
+    ok = f.n > 0
+    if name in ("min_over_time", "max_over_time"):
+        source = low if name == "min_over_time" else high
+        better = np.less if name == "min_over_time" else np.greater
+        return _extreme(replace(f, v=source), better)
+    sums = {}
+    for key, arr in (("count", count), ("sum", total)):
+        prefix = np.concatenate([[0.0], np.cumsum(arr)])
+        sums[key] = prefix[f.lo + f.n] - prefix[f.lo]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = {
+            "count_over_time": sums["count"],
+            "sum_over_time": sums["sum"],
+            "avg_over_time": sums["sum"] / sums["count"],
+        }[name]
+    return value, ok
+
+
+_FROM_STATS = {"count_over_time", "sum_over_time", "avg_over_time", "min_over_time",
+               "max_over_time"}  # fmt: skip
+
+
 def _compute(name: str, f: Flat, scalars: list[np.ndarray], grid: Grid) -> Result:
+    if f.stats is not None and name in _FROM_STATS:
+        return _from_stats(name, f)
     if name in ("rate", "increase", "delta"):
         return _extrapolated(f, counter=name != "delta", rate=name == "rate")
     if name in ("irate", "idelta"):

@@ -13,6 +13,9 @@ from hbmwatch.matchers import Matcher
 from hbmwatch.promql.values import NAME, RawSeries, rows_sorted
 from hbmwatch.records import SeriesKey
 from hbmwatch.store.store import Store
+from hbmwatch.store.tiered import TierSamples
+
+_PERIOD = {"1m": "minute", "1h": "hour"}
 
 
 class SampleSource(Protocol):
@@ -33,15 +36,27 @@ def labels_of_key(key: SeriesKey) -> tuple[tuple[str, str], ...]:
 class StoreSource:
     """The store's raw tier as a ``SampleSource``."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, tier: str = "raw") -> None:
         self.store = store
+        self.tier = tier
         self.warnings: list[str] = []
+        if tier != "raw":
+            self.warnings.append(
+                f"answered from the {tier} tier: one sample per {_PERIOD[tier]} (its last "
+                "value; *_over_time use its count, min, max and sum), see docs/promql.md"
+            )
 
     def select(self, matchers: Sequence[Matcher], lo: int, hi: int) -> list[RawSeries]:
-        found, expired = self.store.select_samples(matchers, lo, hi)
-        if expired and not self.warnings:
+        found, expired = self.store.select_samples(matchers, lo, hi, self.tier)
+        if expired and not any("retention" in w for w in self.warnings):
             self.warnings.append(
                 "raw samples of part of the range are past raw retention "
                 f"({self.store.settings.raw_retention_days} days) and are left out"
             )
-        return rows_sorted([RawSeries(labels_of_key(key), t, v) for key, t, v in found])
+        return rows_sorted(
+            [RawSeries(labels_of_key(k), t, v, _stats(tier)) for k, t, v, tier in found]
+        )
+
+
+def _stats(tier: TierSamples | None):
+    return None if tier is None else (tier.count, tier.min, tier.max, tier.sum)

@@ -25,6 +25,7 @@ from hbmwatch.store.aggregate import Partials
 from hbmwatch.store.guard import guarded
 from hbmwatch.store.registry import SeriesRegistry
 from hbmwatch.store.results import LatestValue, QueryResult
+from hbmwatch.store.tiered import TierSamples, read_tiers, series_with_samples
 from hbmwatch.store.tiers import HOUR_MS, MINUTE_MS, batches, floor, in_list, read_watermark
 from hbmwatch.validation import InvalidQuery, QueryTooExpensive
 
@@ -344,13 +345,14 @@ class Queries:
         ]
 
     def select_samples(
-        self, matchers: Sequence[Matcher], lo: int, hi: int
-    ) -> tuple[list[tuple[SeriesKey, np.ndarray, np.ndarray]], bool]:
-        """Raw samples in ``[lo, hi]`` ms of every series the PromQL matchers select.
+        self, matchers: Sequence[Matcher], lo: int, hi: int, tier: str = "raw"
+    ) -> tuple[list[tuple[SeriesKey, np.ndarray, np.ndarray, TierSamples | None]], bool]:
+        """Samples in ``[lo, hi]`` ms of every series the PromQL matchers select.
 
-        Returns the series (sample times in ms, values) and whether raw samples of part of
-        the range have passed retention.  Bounded by ``store.max_series_per_query`` and, in
-        samples read, by ``store.max_points_per_query``.
+        ``tier`` "raw" reads every sample; "1m" and "1h" read one sample per closed minute
+        or hour with its statistics (store/tiered.py).  Returns the series and whether raw
+        samples of part of the range have passed retention.  Bounded by
+        ``store.max_series_per_query`` and, in samples read, ``store.max_points_per_query``.
         """
         self.series_registry.refresh()
         found = self.series_registry.select_matching(matchers)
@@ -361,17 +363,33 @@ class Queries:
                 f"{self.settings.max_series_per_query} (store.max_series_per_query); add matchers",
                 limit="store.max_series_per_query",
             )
-        raw, expired = self._raw_samples([sid for sid, _ in found], lo, hi + 1)
-        total = sum(len(t) for t, _ in raw.values())
+        ids = [sid for sid, _ in found]
+        expired = False
+        if tier == "raw":
+            raw, expired = self._raw_samples(ids, lo, hi + 1)
+            read = {sid: (t, v, None) for sid, (t, v) in raw.items()}
+        else:
+            with self.engine.connect() as conn:
+                tiers = read_tiers(conn, ids, lo, hi, hourly=tier == "1h")
+            read = {sid: (ts.times, ts.values, ts) for sid, ts in tiers.items()}
+        total = sum(len(t) for t, _, _ in read.values())
         if total > (cap := self.settings.max_points_per_query):
             raise QueryTooExpensive(
                 f"the query reads {total} samples, over the limit of {cap} "
-                "(store.max_points_per_query); narrow it or shorten its ranges",
+                "(store.max_points_per_query); narrow it, shorten its ranges or widen step",
                 limit="store.max_points_per_query",
             )
-        return [(key, *raw[sid]) for sid, key in found if sid in raw], expired
+        return [(key, *read[sid]) for sid, key in found if sid in read], expired
 
-    def label_sets(self, matchers: Sequence[Matcher]) -> list[SeriesKey]:
-        """Every known series the matchers select (all series with no matchers)."""
+    def label_sets(
+        self, matchers: Sequence[Matcher], lo: int | None = None, hi: int | None = None
+    ) -> list[SeriesKey]:
+        """Every known series the matchers select (all with no matchers); with ``lo`` and
+        ``hi`` (ms) only those holding a sample in that range."""
         self.series_registry.refresh()
-        return [key for _, key in self.series_registry.select_matching(matchers)]
+        found = self.series_registry.select_matching(matchers)
+        if lo is None or hi is None:
+            return [key for _, key in found]
+        with self.engine.connect() as conn:
+            live = series_with_samples(conn, [sid for sid, _ in found], lo, hi)
+        return [key for sid, key in found if sid in live]

@@ -12,24 +12,28 @@ import json
 import re
 import time
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from hbmwatch import metrics
 from hbmwatch.api import promjson
 from hbmwatch.api.deps import ScopeRead
 from hbmwatch.matchers import Matcher
+from hbmwatch.promql import resolution, virtual
 from hbmwatch.promql.engine import Evaluator, parse
 from hbmwatch.promql.engine import matchers_of as selector_matchers
 from hbmwatch.promql.errors import BadQuery, QueryError
-from hbmwatch.promql.source import StoreSource
-from hbmwatch.promql.values import NAME, Grid, Scalar, Windows
+from hbmwatch.promql.source import StoreSource, labels_of_key
+from hbmwatch.promql.values import Grid, Labels, Scalar, Windows
+from hbmwatch.promql.virtual import WithVirtual
 from hbmwatch.query import time_budget
 from hbmwatch.store.store import SchemaOutdated, StoreUnavailable
 from hbmwatch.validation import HbmwatchError, QueryTooExpensive
@@ -50,7 +54,43 @@ class PrometheusRoute(APIRoute):
         return handle
 
 
-router = APIRouter(prefix="/prometheus/api/v1", tags=["prometheus"], route_class=PrometheusRoute)
+class PromSuccess(BaseModel):
+    status: Literal["success"]
+    data: Any
+    warnings: list[str] | None = None
+
+
+class PromError(BaseModel):
+    status: Literal["error"]
+    errorType: str = Field(examples=["bad_data"])
+    error: str
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": PromError, "description": text}
+    for code, text in {
+        400: "bad_data: the query or a parameter cannot be parsed.",
+        401: "A token is needed.",
+        422: "execution: cannot be evaluated, over a budget; unsupported: a construct "
+        "hbmwatch does not evaluate, named.",
+        503: "The store is unavailable.",
+    }.items()
+}
+
+
+def _documented(*names: str) -> dict[str, Any]:
+    """Parameters come from the query string or a form body; the schema names them."""
+    params = [{"name": n, "in": "query", "required": False, "schema": {"type": "string"}}
+              for n in names]  # fmt: skip
+    return {"parameters": params}
+
+
+router = APIRouter(
+    prefix="/prometheus/api/v1",
+    tags=["prometheus"],
+    route_class=PrometheusRoute,
+    responses={200: {"model": PromSuccess}, **_ERRORS},
+)
 MAX_POINTS = 11_000
 #: the Prometheus version whose API and PromQL this one follows (Grafana reads it)
 COMPATIBLE_WITH = "2.42.0"
@@ -104,9 +144,22 @@ async def _answer(request: Request, work: Callable[[], str]) -> Response:
         return _failure(exc)
 
 
-def _evaluate(request: Request, text: str, grid: Grid, *, instant: bool) -> str:
-    source = StoreSource(request.app.state.store)
-    value = Evaluator(source).eval(parse(text), grid)
+def _tier(request: Request, params: dict[str, list[str]], tree: Any, grid: Grid) -> str:
+    """``resolution=raw|1m|1h`` where the caller asks (an hbmwatch extension), else chosen."""
+    asked = _one(params, "resolution") or "auto"
+    if asked == "auto":
+        span = request.app.state.settings.api.promql_raw_max_span_seconds
+        return resolution.choose(tree, grid, int(span * 1000))
+    if asked not in resolution.TIERS:
+        raise BadQuery(f'invalid parameter "resolution": {asked!r} is not auto, raw, 1m or 1h')
+    return asked
+
+
+def _evaluate(request: Request, params: dict[str, list[str]], grid: Grid, *, instant: bool) -> str:
+    tree = parse(_one(params, "query"))
+    store = request.app.state.store
+    source = WithVirtual(store, StoreSource(store, _tier(request, params, tree, grid)))
+    value = Evaluator(source).eval(tree, grid)
     if not instant and not isinstance(value, list | Scalar):
         kind = "range vector" if isinstance(value, Windows) else "string"
         raise BadQuery(
@@ -116,7 +169,9 @@ def _evaluate(request: Request, text: str, grid: Grid, *, instant: bool) -> str:
     return promjson.success(f'{{"resultType":"{kind}","result":{result}}}', source.warnings)
 
 
-@router.api_route("/query", methods=["GET", "POST"])
+@router.api_route(
+    "/query", methods=["GET", "POST"], openapi_extra=_documented("query", "time", "timeout")
+)
 async def query(request: Request, _: ScopeRead) -> Response:
     """An instant query: ``query``, ``time`` (default now)."""
     params = await _params(request)
@@ -124,12 +179,15 @@ async def query(request: Request, _: ScopeRead) -> Response:
     at = promjson.parse_time(raw_time, "time") if raw_time else int(time.time() * 1000)
     if timeout := _one(params, "timeout"):
         promjson.parse_duration(timeout, "timeout")
-    text = _one(params, "query")
     grid = Grid(at, at, 1)
-    return await _answer(request, lambda: _evaluate(request, text, grid, instant=True))
+    return await _answer(request, lambda: _evaluate(request, params, grid, instant=True))
 
 
-@router.api_route("/query_range", methods=["GET", "POST"])
+@router.api_route(
+    "/query_range",
+    methods=["GET", "POST"],
+    openapi_extra=_documented("query", "start", "end", "step", "resolution"),
+)
 async def query_range(request: Request, _: ScopeRead) -> Response:
     """A range query: ``query``, ``start``, ``end``, ``step`` (seconds or a duration)."""
     params = await _params(request)
@@ -148,9 +206,8 @@ async def query_range(request: Request, _: ScopeRead) -> Response:
             "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing "
             "the query resolution (?step=XX)"
         )
-    text = _one(params, "query")
     grid = Grid(start, end, step)
-    return await _answer(request, lambda: _evaluate(request, text, grid, instant=False))
+    return await _answer(request, lambda: _evaluate(request, params, grid, instant=False))
 
 
 def _match_sets(params: dict[str, list[str]], *, required: bool) -> list[list[Matcher]]:
@@ -169,46 +226,59 @@ def _match_sets(params: dict[str, list[str]], *, required: bool) -> list[list[Ma
 
 
 def _series(request: Request, params: dict[str, list[str]], *, required: bool):
+    """Series matching any ``match[]`` with a sample between ``start`` and ``end``."""
     sets = _match_sets(params, required=required) or [[]]
+    start, end = _one(params, "start"), _one(params, "end")
+    lo = promjson.parse_time(start, "start") if start else promjson.MIN_TIME_MS
+    hi = promjson.parse_time(end, "end") if end else promjson.MAX_TIME_MS
+    if hi < lo:
+        raise BadQuery('invalid parameter "end": end timestamp must not be before start time')
+    bounded = bool(start or end)
     store = request.app.state.store
-    seen: dict[str, Any] = {}
+    seen: dict[str, Labels] = {}
     for matchers in sets:
-        for key in store.label_sets(matchers):
-            seen.setdefault(key.text, key)
+        _, stored = virtual.wanted(matchers)
+        if stored:
+            keys = store.label_sets(matchers, lo, hi) if bounded else store.label_sets(matchers)
+            for key in keys:
+                seen.setdefault(key.text, labels_of_key(key))
+        now = store.now_ms()
+        for s in virtual.matching(store, matchers, max(lo, 0), min(hi, now)):
+            seen.setdefault(json.dumps(s.labels), s.labels)
     return list(seen.values())
 
 
-@router.api_route("/series", methods=["GET", "POST"])
+@router.api_route(
+    "/series", methods=["GET", "POST"], openapi_extra=_documented("match[]", "start", "end")
+)
 async def series(request: Request, _: ScopeRead) -> Response:
     """Series that match any ``match[]`` selector."""
     params = await _params(request)
 
     def work() -> str:
-        keys = _series(request, params, required=True)
-        found = [{NAME: k.metric, **dict(k.labels)} for k in keys]
+        found = [dict(labels) for labels in _series(request, params, required=True)]
         return promjson.success(json.dumps(found, separators=(",", ":")), [])
 
     return await _answer(request, work)
 
 
-@router.api_route("/labels", methods=["GET", "POST"])
+@router.api_route(
+    "/labels", methods=["GET", "POST"], openapi_extra=_documented("match[]", "start", "end")
+)
 async def labels(request: Request, _: ScopeRead) -> Response:
     """Label names of the series that match ``match[]`` (all series without it)."""
     params = await _params(request)
 
     def work() -> str:
-        names = {NAME}
-        keys = _series(request, params, required=False)
-        if not keys:
-            names = set()
-        for key in keys:
-            names.update(name for name, _ in key.labels)
+        names: set[str] = set()
+        for labels in _series(request, params, required=False):
+            names.update(name for name, _ in labels)
         return promjson.success(json.dumps(sorted(names)), [])
 
     return await _answer(request, work)
 
 
-@router.get("/label/{name}/values")
+@router.get("/label/{name}/values", openapi_extra=_documented("match[]", "start", "end"))
 async def label_values(name: str, request: Request, _: ScopeRead) -> Response:
     """Values of one label over the series that match ``match[]`` (all without it)."""
     params = await _params(request)
@@ -217,8 +287,8 @@ async def label_values(name: str, request: Request, _: ScopeRead) -> Response:
         if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", name):
             raise BadQuery(f'invalid label name: "{name}"')
         values: set[str] = set()
-        for key in _series(request, params, required=False):
-            got = key.metric if name == NAME else key.label_dict.get(name, "")
+        for labels in _series(request, params, required=False):
+            got = dict(labels).get(name, "")
             if got:
                 values.add(got)
         return promjson.success(json.dumps(sorted(values)), [])
@@ -226,7 +296,7 @@ async def label_values(name: str, request: Request, _: ScopeRead) -> Response:
     return await _answer(request, work)
 
 
-@router.get("/metadata")
+@router.get("/metadata", openapi_extra=_documented("metric", "limit"))
 async def metadata(request: Request, _: ScopeRead) -> Response:
     """Type, help and unit of every canonical metric (``metric=`` for one, ``limit=``)."""
     params = await _params(request)
@@ -259,3 +329,40 @@ async def buildinfo(_: ScopeRead) -> Response:
         "goVersion": "",
     }
     return _json(promjson.success(json.dumps(info), []))
+
+
+@router.api_route(
+    "/query_exemplars", methods=["GET", "POST"], openapi_extra=_documented("query", "start", "end")
+)
+async def query_exemplars(_: ScopeRead) -> Response:
+    """No exemplars are stored: an empty answer, as Prometheus gives for series without."""
+    return _json(promjson.success("[]", []))
+
+
+@router.get("/rules")
+async def rules(_: ScopeRead) -> Response:
+    """hbmwatch evaluates no rule groups here (its detectors raise the alerts); Grafana asks."""
+    return _json(promjson.success('{"groups":[]}', []))
+
+
+@router.get("/alerts")
+async def alerts(request: Request, _: ScopeRead) -> Response:
+    """hbmwatch's pending and firing alerts in Prometheus' ``/api/v1/alerts`` shape."""
+
+    def work() -> str:
+        store = request.app.state.store
+        live = store.alerts.alerts(since_ms=store.now_ms(), limit=5000)
+        items = [
+            {
+                "labels": dict(a.labels),
+                "annotations": dict(a.annotations),
+                "state": a.state.value,
+                "activeAt": datetime.fromtimestamp(a.started_ms / 1000, UTC).isoformat(),
+                "value": "1e+00",
+            }
+            for a in live
+            if a.resolved_ms is None
+        ]
+        return promjson.success(json.dumps({"alerts": items}, separators=(",", ":")), [])
+
+    return await _answer(request, work)

@@ -1,0 +1,143 @@
+"""Samples read from the rollup tiers: one per closed minute or hour, with its statistics.
+
+Long ranges at coarse steps need not decode every raw sample.  A minute chunk stands for
+one sample, its minute's last value at the minute's last millisecond; an hourly rollup for
+one at its last sample's time.  Each carries count, min, max and sum, so ``max_over_time``
+still sees the peak between the samples.  The head (not compacted yet) is read raw, each
+sample its own statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy import text
+
+from hbmwatch.store.tiers import HOUR_MS, MINUTE_MS, batches, floor, in_list, read_watermark
+
+
+@dataclass
+class TierSamples:
+    """Per series: sample times (ms) and last values, with count, min, max, sum each."""
+
+    times: np.ndarray
+    values: np.ndarray
+    count: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+    sum: np.ndarray
+
+    @classmethod
+    def concat(cls, parts: list[TierSamples]) -> TierSamples:
+        fields = [np.concatenate([getattr(p, f) for p in parts]) for f in _FIELDS]
+        order = np.argsort(fields[0], kind="stable")
+        return cls(*(f[order] for f in fields))
+
+
+_FIELDS = ("times", "values", "count", "min", "max", "sum")
+
+
+def _rows(conn: Any, table: str, ids: list[int], lo: int, hi: int) -> dict[int, TierSamples]:
+    hourly = table == "rollup_1h"
+    stamp = "last_ms" if hourly else f"start_ms + {MINUTE_MS - 1}"
+    out: dict[int, list[TierSamples]] = {}
+    for batch in batches(ids):
+        rows = conn.execute(
+            text(
+                f"SELECT series_id, {stamp}, last, count, min, max, sum FROM {table} "
+                f"WHERE series_id IN ({in_list(batch)}) AND start_ms >= :lo AND start_ms < :hi "
+                "ORDER BY series_id, start_ms"
+            ),
+            {"lo": lo, "hi": hi},
+        ).all()
+        if not rows:
+            continue
+        arr = np.array([tuple(r) for r in rows], dtype=np.float64)
+        cuts = np.flatnonzero(np.r_[True, arr[1:, 0] != arr[:-1, 0]])
+        for a, b in zip(cuts.tolist(), [*cuts[1:].tolist(), len(arr)], strict=True):
+            block = arr[a:b]
+            out.setdefault(int(block[0, 0]), []).append(
+                TierSamples(block[:, 1].astype(np.int64), *(block[:, i] for i in range(2, 7)))
+            )
+    return {sid: TierSamples.concat(p) for sid, p in out.items()}
+
+
+def _head(conn: Any, ids: list[int], lo: int, hi: int) -> dict[int, TierSamples]:
+    out: dict[int, list[tuple[int, float]]] = {}
+    for batch in batches(ids):
+        for ts, sid, value in conn.execute(
+            text(
+                "SELECT ts, series_id, value FROM samples_head WHERE ts >= :lo AND ts <= :hi "
+                f"AND series_id IN ({in_list(batch)})"
+            ),
+            {"lo": lo, "hi": hi},
+        ):
+            out.setdefault(int(sid), []).append((int(ts), float(value)))
+    result = {}
+    for sid, pairs in out.items():
+        pairs.sort()
+        t = np.array([p[0] for p in pairs], dtype=np.int64)
+        v = np.array([p[1] for p in pairs])
+        result[sid] = TierSamples(t, v, np.ones(len(v)), v, v, v)
+    return result
+
+
+def read_tiers(conn: Any, ids: list[int], lo: int, hi: int, *, hourly: bool) -> dict:
+    """Tier samples with times in ``[lo, hi]``: hours, then minutes, then the head."""
+    watermark = read_watermark(conn)
+    parts: dict[int, list[TierSamples]] = {}
+    minute_lo = floor(lo, MINUTE_MS)
+    if hourly:
+        hour_end = min(floor(watermark, HOUR_MS), hi + 1)
+        for sid, got in _rows(conn, "rollup_1h", ids, floor(lo, HOUR_MS), hour_end).items():
+            parts.setdefault(sid, []).append(got)
+        minute_lo = max(minute_lo, hour_end)
+    minute_end = min(watermark, hi + 1)
+    for sid, got in _rows(conn, "samples_chunk", ids, minute_lo, minute_end).items():
+        parts.setdefault(sid, []).append(got)
+    for sid, got in _head(conn, ids, max(lo, minute_end), hi).items():
+        parts.setdefault(sid, []).append(got)
+    out = {}
+    for sid, pieces in parts.items():
+        merged = TierSamples.concat(pieces)
+        keep = (merged.times >= lo) & (merged.times <= hi)
+        if keep.any():
+            out[sid] = TierSamples(*(getattr(merged, f)[keep] for f in _FIELDS))
+    return out
+
+
+def series_with_samples(conn: Any, ids: list[int], lo: int, hi: int) -> set[int]:
+    """Which of ``ids`` hold a sample in ``[lo, hi]``: by hourly rollup, then minute chunk,
+    then head, each asked only about the series not found yet.
+
+    Whole hours and minutes count, as Prometheus' answers count whole chunks and blocks.
+    """
+    found: set[int] = set()
+    for table, width in (("rollup_1h", HOUR_MS), ("samples_chunk", MINUTE_MS)):
+        rest = [i for i in ids if i not in found]
+        for batch in batches(rest):
+            found.update(
+                int(sid)
+                for (sid,) in conn.execute(
+                    text(
+                        f"SELECT DISTINCT series_id FROM {table} WHERE series_id IN "
+                        f"({in_list(batch)}) AND start_ms >= :lo AND start_ms <= :hi"
+                    ),
+                    {"lo": floor(lo, width), "hi": hi},
+                )
+            )
+    rest = [i for i in ids if i not in found]
+    for batch in batches(rest):
+        found.update(
+            int(sid)
+            for (sid,) in conn.execute(
+                text(
+                    "SELECT DISTINCT series_id FROM samples_head WHERE ts >= :lo AND ts <= :hi "
+                    f"AND series_id IN ({in_list(batch)})"
+                ),
+                {"lo": lo, "hi": hi},
+            )
+        )
+    return found
