@@ -178,6 +178,8 @@ class RealPrometheus:
                 "--storage.tsdb.retention.time=100y",
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--query.lookback-delta=5m",
+                # PromQL that hbmwatch evaluates and 2.42 keeps behind a flag.
+                "--enable-feature=promql-negative-offset",
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
