@@ -51,6 +51,7 @@ def dump_store(store: Store, start_ms: int = 0, end_ms: int = 2**62) -> Iterator
     The store has one copy of each raw sample (a minute is either a chunk or still in the
     head), so this is exactly what was accepted, whatever compaction did since.
     """
+    # Not ``Store.select_samples``: that one is bounded for queries, a dump reads everything.
     store.series_registry.refresh()
     found = sorted(store.series_registry.keys.items())
     for i in range(0, len(found), _DUMP_BATCH):
@@ -162,30 +163,44 @@ class RealPrometheus:
     """
 
     def __init__(self, tsdb: Path, *, ready_timeout_s: float = 120.0) -> None:
-        _, prometheus = binaries()
+        _, self._binary = binaries()
         self.tsdb = tsdb
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = tsdb.parent / "prometheus.yml"
-        config.write_text("global: {}\n")
+        self._config = tsdb.parent / "prometheus.yml"
+        self._config.write_text("global: {}\n")
         self._log = (tsdb.parent / "prometheus.log").open("w")
+        # The free port is free when asked, not always when prometheus binds it: try again.
+        for attempt in range(3):
+            self._start(_free_port())
+            try:
+                self._wait_ready(ready_timeout_s)
+                return
+            except PrometheusUnavailable:
+                exited = self.process.poll() is not None  # e.g. the port was taken meanwhile
+                self.stop(close_log=False)
+                if not exited or attempt == 2:
+                    self._log.close()
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+
+    def _start(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
         self.process = subprocess.Popen(
             [
-                prometheus,
-                f"--storage.tsdb.path={tsdb}",
-                f"--config.file={config}",
+                self._binary,
+                f"--storage.tsdb.path={self.tsdb}",
+                f"--config.file={self._config}",
                 "--storage.tsdb.retention.time=100y",
-                f"--web.listen-address=127.0.0.1:{self.port}",
+                f"--web.listen-address=127.0.0.1:{port}",
                 "--query.lookback-delta=5m",
+                # PromQL that hbmwatch evaluates and 2.42 keeps behind a flag.
+                "--enable-feature=promql-negative-offset",
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        try:
-            self._wait_ready(ready_timeout_s)
-        except BaseException:
-            self.stop()
-            raise
 
     @classmethod
     def over(cls, series: Iterable[SeriesSamples], folder: Path) -> RealPrometheus:
@@ -196,9 +211,11 @@ class RealPrometheus:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self._log.flush()
+                lines = Path(self._log.name).read_text(errors="replace").strip().splitlines()
                 raise PrometheusUnavailable(
-                    f"prometheus exited with {self.process.returncode} before it was ready; "
-                    f"see {self._log.name}"
+                    f"prometheus exited with {self.process.returncode} before it was ready: "
+                    f"{(lines or ['no output'])[-1][:300]}"
                 )
             try:
                 if httpx.get(f"{self.url}/-/ready", timeout=2.0).status_code == 200:
@@ -210,7 +227,7 @@ class RealPrometheus:
             f"prometheus not ready after {timeout_s:g} s; see {self._log.name}"
         )
 
-    def stop(self) -> None:
+    def stop(self, *, close_log: bool = True) -> None:
         """Terminate the server (its own PID only), then kill it if it lingers."""
         if self.process.poll() is None:
             self.process.terminate()
@@ -219,7 +236,8 @@ class RealPrometheus:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=30)
-        self._log.close()
+        if close_log:
+            self._log.close()
 
     def __enter__(self) -> RealPrometheus:
         return self

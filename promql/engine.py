@@ -29,6 +29,7 @@ from hbmwatch.promql.values import (
     Value,
     Windows,
     check_unique,
+    is_stale,
     without_name,
 )
 from hbmwatch.query import check_time_budget
@@ -134,6 +135,7 @@ class Evaluator:
             idx = np.searchsorted(s.times, refs, side="right") - 1
             at = np.clip(idx, 0, None)
             present = (idx >= 0) & (s.times[at] >= refs - self.lookback)
+            present &= ~is_stale(s.values[at])
             if present.any():
                 rows.append(Row(s.labels, s.values[at], present, s.times[at]))
         return rows
@@ -143,7 +145,8 @@ class Evaluator:
         refs = self._refs(vs, grid)
         range_ms = ms(node.range)
         series = self.select(vs, int(refs.min()) - range_ms, int(refs.max()))
-        return Windows.over(series, refs, range_ms)
+        live = [_without_markers(s) for s in series]
+        return Windows.over(live, refs, range_ms)
 
     def subquery(self, node: pp.SubqueryExpr, grid: Grid) -> Windows:
         if node.at is not None:
@@ -207,6 +210,14 @@ def _matcher(label: str, op: str, value: str) -> Matcher:
         return Matcher.of(label, op, value)
     except HbmwatchError as exc:
         raise BadQuery(str(exc)) from None
+
+
+def _without_markers(s: RawSeries) -> RawSeries:
+    """Range selections skip staleness markers, as Prometheus' do."""
+    stale = is_stale(s.values)
+    if not stale.any():
+        return s
+    return RawSeries(s.labels, s.times[~stale], s.values[~stale], s.stats)
 
 
 def _negate(value: Value) -> Value:

@@ -379,7 +379,8 @@ def evaluate(ev: Evaluator, name: str, args: list[pp.Expr], grid: Grid) -> list[
     f = Flat.of(windows)
     if name == "absent_over_time":
         return _absent_over_time(f, target, grid)
-    values, present = _compute(name, f, scalars, grid)
+    with np.errstate(all="ignore"):  # Inf and NaN arithmetic is PromQL's, not an accident
+        values, present = _compute(name, f, scalars, grid)
     rows = []
     for i, s in enumerate(windows.series):
         if present[i].any():

@@ -22,6 +22,13 @@ from hbmwatch.promql.errors import QueryError
 #: A label set: sorted ``(name, value)`` pairs, the metric name under ``__name__``.
 Labels = tuple[tuple[str, str], ...]
 NAME = "__name__"
+#: Prometheus' staleness marker: a NaN with this bit pattern ends a series at its time
+STALE_BITS = np.uint64(0x7FF0000000000002)
+STALE_NAN = float(np.array([STALE_BITS], dtype=np.uint64).view(np.float64)[0])
+
+
+def is_stale(values: np.ndarray) -> np.ndarray:
+    return values.view(np.uint64) == STALE_BITS
 
 
 def labels_of(mapping: dict[str, str]) -> Labels:

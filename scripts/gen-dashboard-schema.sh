@@ -31,7 +31,10 @@ npm install --no-audit --no-fund --ignore-scripts --save-exact --loglevel=error 
 # The package exports Dashboard from its veneer (the public TypeScript type).  Its
 # annotation queries are AnnotationQuery<TQuery extends DataQuery>; a datasource plugin's
 # query extends DataQuery with its own fields (rawSql, expr), so the entry instantiates
-# TQuery with such an open query.  Nothing else differs from Grafana's type.
+# TQuery with such an open query.  Grafana's Prometheus datasource reads how to render an
+# annotation (titleFormat, textFormat, tagKeys, useValueForTime, step) from the annotation
+# itself, beside its target, so those fields are added to it.  Nothing else differs from
+# Grafana's type.
 cat >entry.ts <<'TS'
 import type { AnnotationQuery, DataQuery, Dashboard as GrafanaDashboard } from '@grafana/schema';
 
@@ -40,9 +43,23 @@ export interface PluginQuery extends DataQuery {
   [field: string]: unknown;
 }
 
+/** What Grafana's Prometheus datasource reads beside an annotation's target. */
+export interface PrometheusAnnotationFields {
+  /** The event's title: a legend-style template over the series' labels ('{{alertname}}'). */
+  titleFormat?: string;
+  /** The event's text, a template as titleFormat. */
+  textFormat?: string;
+  /** Comma-separated label names whose values become the annotation's tags. */
+  tagKeys?: string;
+  /** The sample value is the event's time (ms) rather than the sample's timestamp. */
+  useValueForTime?: boolean;
+  /** Resolution of the range query; consecutive points closer than this form one region. */
+  step?: string;
+}
+
 /** Grafana's Dashboard type, its annotation queries instantiated with PluginQuery. */
 export interface Dashboard extends Omit<GrafanaDashboard, 'annotations'> {
-  annotations?: { list?: Array<AnnotationQuery<PluginQuery>> };
+  annotations?: { list?: Array<AnnotationQuery<PluginQuery> & PrometheusAnnotationFields> };
 }
 TS
 cat >tsconfig.json <<'JSON'

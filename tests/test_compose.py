@@ -35,7 +35,12 @@ RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
 ALERTMANAGER_YML = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
 SERVICES = {"hbmwatch", "postgres", "prometheus", "alertmanager", "grafana"}
-REQUIRED = ("HBMWATCH_PG_PASSWORD", "HBMWATCH_ADMIN_TOKEN", "HBMWATCH_WRITE_TOKEN")
+REQUIRED = (
+    "HBMWATCH_PG_PASSWORD",
+    "HBMWATCH_ADMIN_TOKEN",
+    "HBMWATCH_WRITE_TOKEN",
+    "HBMWATCH_READ_TOKEN",
+)
 REQUIRED += ("GRAFANA_ADMIN_PASSWORD",)
 SECRET_KEY = re.compile(r"PASSWORD|TOKEN|SECRET", re.I)
 
@@ -164,12 +169,15 @@ def test_secrets_come_from_the_environment(
     pg = sentinels["HBMWATCH_PG_PASSWORD"]
     assert urlsplit(services["hbmwatch"]["environment"]["HBMWATCH_STORE__URL"]).password == pg
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == pg
-    assert services["grafana"]["environment"]["HBMWATCH_PG_PASSWORD"] == pg
     env = services["hbmwatch"]["environment"]
     assert env["HBMWATCH_API__ADMIN_TOKEN"] == sentinels["HBMWATCH_ADMIN_TOKEN"]
     assert env["HBMWATCH_API__WRITE_TOKEN"] == sentinels["HBMWATCH_WRITE_TOKEN"]
+    assert env["HBMWATCH_API__READ_TOKEN"] == sentinels["HBMWATCH_READ_TOKEN"]
     grafana = services["grafana"]["environment"]
     assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == sentinels["GRAFANA_ADMIN_PASSWORD"]
+    # Grafana reads hbmwatch with the read token only: no database password, no write token.
+    assert grafana["HBMWATCH_READ_TOKEN"] == sentinels["HBMWATCH_READ_TOKEN"]
+    assert pg not in grafana.values() and sentinels["HBMWATCH_WRITE_TOKEN"] not in grafana.values()
 
     # As written: every secret-looking value, and every URL's password, is a ${VARIABLE}.
     for name, service in uninterpolated["services"].items():

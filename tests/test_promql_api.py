@@ -21,7 +21,7 @@ from hbmwatch.promql.values import Grid
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.store.store import Store
 from tests.conftest import NOW, Clock
-from tests.test_api import READ, bearer, settings_for
+from tests.test_api import READ, bearer, open_incident, settings_for
 
 API = "/prometheus/api/v1"
 POWER = "gpu_power_watts"
@@ -200,3 +200,51 @@ def test_answers_are_json_prometheus_clients_parse(client: TestClient) -> None:
     got = client.get(f"{API}/query", params={"query": f"{POWER} / 3", "time": NOW})
     values = [r["value"][1] for r in json.loads(got.text)["data"]["result"]]
     assert all(float(v) == float(v) for v in values)
+
+
+def test_alerts_incidents_and_findings_are_series(store: Store, clock: Clock) -> None:
+    """ALERTS, hbmwatch_incident_open and hbmwatch_findings_open over the alerting tables:
+    present while the row is in its state, gone at once when it is resolved."""
+    alerting, incident_id = open_incident(store, clock)
+    opened = clock()
+    clock.advance(600)
+    with TestClient(create_app(settings_for(store), store)) as c:
+
+        def instant(query: str, at: float) -> list[dict]:
+            got = c.get(f"{API}/query", params={"query": query, "time": at})
+            assert got.status_code == 200, got.text
+            return got.json()["data"]["result"]
+
+        (incident,) = instant("hbmwatch_incident_open", clock())
+        assert incident["metric"]["incident_id"] == incident_id
+        assert incident["metric"]["state"] == "open" and incident["metric"]["cluster"] == "c0"
+        alerts = instant('ALERTS{alertstate="firing"}', clock())
+        assert {a["metric"]["incident"] for a in alerts} == {incident_id}
+        assert {a["metric"]["muted"] for a in alerts} == {"false"}
+        counted = instant("sum by (kind) (hbmwatch_findings_open)", clock())
+        assert counted[0]["value"][1] == "2"
+        assert instant("hbmwatch_incident_open", opened - 60) == []
+        names = c.get(f"{API}/label/__name__/values").json()["data"]
+        assert {"ALERTS", "hbmwatch_incident_open", "hbmwatch_findings_open"} <= set(names)
+        ids = c.get(f"{API}/label/incident_id/values").json()["data"]
+        assert ids == [incident_id]
+
+        alerting.resolve(incident_id, "ci")
+        resolved = clock()
+        clock.advance(60)
+        assert instant("hbmwatch_incident_open", resolved + 1) == []  # no 5-minute tail
+        assert len(instant("hbmwatch_incident_open", resolved - 1)) == 1
+        span = {"query": "count(hbmwatch_incident_open)", "start": opened,
+                "end": resolved + 60, "step": 60}  # fmt: skip
+        values = c.get(f"{API}/query_range", params=span).json()["data"]["result"][0]["values"]
+        assert float(values[0][0]) == opened and float(values[-1][0]) <= resolved
+
+
+def test_grafana_side_calls_answer_empty_or_from_alerting(store: Store, clock: Clock) -> None:
+    open_incident(store, clock)
+    with TestClient(create_app(settings_for(store), store)) as c:
+        assert c.post(f"{API}/query_exemplars", data={"query": POWER}).json()["data"] == []
+        assert c.get(f"{API}/rules").json()["data"] == {"groups": []}
+        alerts = c.get(f"{API}/alerts").json()["data"]["alerts"]
+    assert len(alerts) == 2 and {a["state"] for a in alerts} <= {"pending", "firing"}
+    assert all(a["activeAt"].endswith("+00:00") for a in alerts)

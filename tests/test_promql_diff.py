@@ -18,6 +18,7 @@ as JSON lines, ``HBMWATCH_PROMDIFF_SELF=1`` asks Prometheus on both sides (a har
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,13 +31,19 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from hbmwatch.api.main import create_app
-from hbmwatch.bench.realprom import dump_store, samples_by_series
+from hbmwatch.bench.realprom import (
+    PrometheusUnavailable,
+    RealPrometheus,
+    dump_store,
+    samples_by_series,
+)
+from hbmwatch.metrics import METRICS
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store.store import Store, open_store
 from tests.conftest import NOW, REPO, Clock
 from tests.promdiff import dashboards, dataset, edges
 from tests.promdiff.compare import Outcome, compare
-from tests.promdiff.corpus import INVALID, Grammar
+from tests.promdiff.corpus import Grammar
 from tests.promdiff.engines import (
     Engines,
     backend_store,
@@ -60,7 +67,11 @@ RANGES = (
     (NOW - 2 * 3600, NOW + 10 * M, 300.0),
     (NOW - 97 * M + 13.7, NOW - 31 * M + 2.2, 37.0),
     (NOW - 50 * M + 0.5, NOW + 7 * M, 45.5),
+    (NOW - 8 * 3600, NOW + 3600, 600.0),
 )
+#: Spans this long read the minute tier unless told (docs/promql.md: a deliberate
+#: difference); the corpus asks for raw samples there, so they must agree exactly.
+RAW_BEYOND_S = 6 * 3600
 
 
 def test_prometheus_holds_exactly_the_samples(
@@ -74,6 +85,16 @@ def test_prometheus_holds_exactly_the_samples(
         points = body["data"]["result"][0]["values"]
         assert [round(float(t) * 1000) for t, _ in points] == s.timestamps_ms.tolist()
         assert [float(v) for _, v in points] == s.values.tolist()
+
+
+def test_a_missing_prometheus_is_named_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(PrometheusUnavailable) as caught:
+        RealPrometheus.over([], tmp_path)
+    assert str(caught.value).startswith("promtool and prometheus not found on PATH")
+    assert "\n" not in str(caught.value)
 
 
 def test_the_comparison_tells_answers_apart() -> None:
@@ -148,6 +169,9 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engines
     copy, start, end = dataset.default_scenario(SCENARIO_MINUTES, folder)
     store = open_store(StoreSettings(url=f"sqlite:///{copy}"), clock=Clock(end))
     try:
+        # The run's last minutes are still in the head (compaction waits 90 s): move all but
+        # the newest minute into chunks, so the dashboards read both.
+        assert store.compact(int((end + 60) * 1000)).samples > 0
         with (
             prometheus_over(list(dump_store(store)), folder / "prom") as prom,
             _app_client(store) as client,
@@ -159,17 +183,26 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Engines
         store.close()
 
 
-def _record(outcomes: list[dict[str, Any]], query: str, mode: str, outcome: Outcome) -> None:
-    outcomes.append({"query": query, "mode": mode, "kind": outcome.kind, "why": outcome.why})
+def _record(
+    outcomes: list[dict[str, Any]], query: str, mode: str, outcome: Outcome, theirs: Any = None
+) -> None:
+    """One outcome; with Prometheus' answer, also how many series (or items) it held."""
+    row = {"query": query, "mode": mode, "kind": outcome.kind, "why": outcome.why}
+    if theirs is not None:
+        data = theirs[1].get("data") if theirs[0] == 200 and isinstance(theirs[1], dict) else None
+        items = data.get("result", data) if isinstance(data, dict) else data
+        row["prom_items"] = len(items) if isinstance(items, list | dict) else 1
+    outcomes.append(row)
 
 
-def _report(name: str, outcomes: list[dict[str, Any]]) -> None:
-    """Write the outcomes (HBMWATCH_PROMDIFF_REPORT), then fail listing every difference."""
+def _report(name: str, outcomes: list[dict[str, Any]], allowed: tuple[str, ...] = ()) -> None:
+    """Write the outcomes (HBMWATCH_PROMDIFF_REPORT), then fail listing every difference
+    whose kind is not ``same``, ``both_error`` or one of ``allowed``."""
     if path := os.environ.get("HBMWATCH_PROMDIFF_REPORT"):
         with Path(path).open("a") as out:
             for o in outcomes:
                 out.write(json.dumps({"test": name, **o}) + "\n")
-    bad = [o for o in outcomes if o["kind"] not in ("same", "both_error")]
+    bad = [o for o in outcomes if o["kind"] not in ("same", "both_error", *allowed)]
     if bad:
         kinds = {k: sum(o["kind"] == k for o in bad) for k in sorted({o["kind"] for o in bad})}
         lines = [f"{o['kind']}: {o['query']} [{o['mode']}]: {o['why']}" for o in bad[:40]]
@@ -189,7 +222,6 @@ def test_generated_queries_answer_as_prometheus_does(
 ) -> None:
     outcomes: list[dict[str, Any]] = []
     grammar = Grammar(synthetic)
-    parse = _parser()
 
     @settings(
         max_examples=EXAMPLES,
@@ -206,24 +238,24 @@ def test_generated_queries_answer_as_prometheus_does(
         method=st.sampled_from(("GET", "POST")),
     )
     def check(query: str, instants: list[float], span: tuple[float, ...], method: str) -> None:
-        if parse is not None and query not in INVALID:
-            parse(query)  # the corpus is PromQL the lead's parser reads
         for t in instants:
             mine, theirs = engines.ask(method, "/api/v1/query", {"query": query, "time": t})
-            _record(outcomes, query, f"instant@{t}", compare(mine, theirs, ordered=_ordered(query)))
+            outcome = compare(mine, theirs, ordered=_ordered(query))
+            _record(outcomes, query, f"instant@{t}", outcome, theirs)
         start, end, step = span
         params = {"query": query, "start": start, "end": end, "step": step}
+        if end - start > RAW_BEYOND_S:
+            params["resolution"] = "raw"
         mine, theirs = engines.ask(method, "/api/v1/query_range", params)
-        _record(outcomes, query, f"range {start}..{end}/{step}", compare(mine, theirs))
+        _record(outcomes, query, f"range {start}..{end}/{step}", compare(mine, theirs), theirs)
         outcomes[-1]["prom_ok"] = theirs[0] == 200
-        outcomes[-1]["prom_empty"] = theirs[0] == 200 and not theirs[1]["data"]["result"]
 
     check()
     ranged = [o for o in outcomes if "prom_ok" in o]
     assert len(ranged) >= EXAMPLES
     # The corpus must mostly be valid queries that find data, or it tests little.
     assert sum(o["prom_ok"] for o in ranged) >= 0.6 * len(ranged)
-    assert sum(o["prom_ok"] and not o["prom_empty"] for o in ranged) >= 0.4 * len(ranged)
+    assert sum(o["prom_items"] > 0 for o in ranged) >= 0.4 * len(ranged)
     _report(request.node.name, outcomes)
 
 
@@ -233,16 +265,31 @@ def test_api_edges_answer_as_prometheus_does(
     outcomes: list[dict[str, Any]] = []
     for method, path, params in edges.requests():
         mine, theirs = engines.ask(method, path, params)
-        _record(outcomes, f"{path} {params}", method, compare(mine, theirs))
-    _report(request.node.name, outcomes)
+        outcome = compare(mine, theirs)
+        if outcome.kind == "mismatch" and "start" in params and not path.startswith("/api/v1/q"):
+            outcome = _whole_hours(engines, method, path, params, mine, theirs) or outcome
+        _record(outcomes, f"{path} {params}", method, outcome, theirs)
+    _report(request.node.name, outcomes, allowed=("whole_hours",))
 
 
-def _parser() -> Any:
-    try:
-        import promql_parser
-    except ImportError:  # the lead's dependency; the corpus is still checked by Prometheus
-        return None
-    return promql_parser.parse
+def _whole_hours(
+    engines: Engines, method: str, path: str, params: dict[str, Any], mine: Any, theirs: Any
+) -> Outcome | None:
+    """docs/promql.md's deliberate difference: series, labels and label values over a range
+    count whole hours (an hourly rollup in the range lists its series).  Allowed when
+    hbmwatch lists all Prometheus lists and nothing Prometheus would not list over the
+    range widened to whole hours."""
+    wide = dict(params)
+    wide["start"] = math.floor(float(params["start"]) / 3600) * 3600
+    wide["end"] = math.ceil(float(params["end"]) / 3600) * 3600
+    _, widest = engines.ask(method, path, wide)
+
+    def items(answer: Any) -> set[Any]:
+        return {x if isinstance(x, str) else frozenset(x.items()) for x in answer[1]["data"]}
+
+    if mine[0] == 200 and items(theirs) <= items(mine) <= items(widest):
+        return Outcome("whole_hours", f"{len(items(mine))} vs {len(items(theirs))} listed")
+    return None
 
 
 def test_every_dashboard_query_answers_as_prometheus_does(
@@ -254,10 +301,20 @@ def test_every_dashboard_query_answers_as_prometheus_does(
     queries = dashboards.queries(REPO / "dashboards" / "json", values)
     assert queries, "no PromQL in dashboards/json"
     for q in queries:
+        # Virtual series (ALERTS, incidents, findings) and /metrics' own are not in the
+        # store, so the Prometheus beside it cannot have them: reported, not judged.
+        unstored = sorted(dashboards.metric_names(q.text) - set(METRICS)) if not q.variable else []
         for method, path, params in dashboards.requests(q, start, end):
             mine, theirs = both.ask(method, path, params)
-            _record(outcomes, q.text, f"{q.where} {path}", compare(mine, theirs))
-    _report(request.node.name, outcomes)
+            outcome = compare(mine, theirs)
+            if unstored and not outcome.ok:
+                outcome = Outcome("not_stored", f"{', '.join(unstored)}: {outcome.why}")
+            _record(outcomes, q.text, f"{q.where} {path}", outcome, theirs)
+            outcomes[-1]["stored"] = not unstored
+    # The variables must have found real values, or every panel compares empty with empty.
+    stored = [o for o in outcomes if o["stored"]]
+    assert sum(o["prom_items"] > 0 for o in stored) >= 0.5 * len(stored)
+    _report(request.node.name, outcomes, allowed=("not_stored",))
 
 
 def test_grafana_requests_get_the_answers_prometheus_gives(
@@ -271,7 +328,8 @@ def test_grafana_requests_get_the_answers_prometheus_gives(
         mine, theirs = engines.raw(recorded)
         shape_only = recorded.get("compare") == "shape"
         outcome = _shape(mine) if shape_only else compare(mine, theirs)
-        _record(outcomes, recorded["name"], recorded["method"] + " " + recorded["path"], outcome)
+        where = recorded["method"] + " " + recorded["path"]
+        _record(outcomes, recorded["name"], where, outcome, theirs)
     _report(request.node.name, outcomes)
 
 

@@ -12,6 +12,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal
 from urllib.parse import parse_qsl
@@ -26,12 +27,13 @@ from hbmwatch import metrics
 from hbmwatch.api import promjson
 from hbmwatch.api.deps import ScopeRead
 from hbmwatch.matchers import Matcher
-from hbmwatch.promql import resolution
+from hbmwatch.promql import resolution, virtual
 from hbmwatch.promql.engine import Evaluator, parse
 from hbmwatch.promql.engine import matchers_of as selector_matchers
 from hbmwatch.promql.errors import BadQuery, QueryError
-from hbmwatch.promql.source import StoreSource
-from hbmwatch.promql.values import NAME, Grid, Scalar, Windows
+from hbmwatch.promql.source import StoreSource, labels_of_key
+from hbmwatch.promql.values import Grid, Labels, Scalar, Windows
+from hbmwatch.promql.virtual import WithVirtual
 from hbmwatch.query import time_budget
 from hbmwatch.store.store import SchemaOutdated, StoreUnavailable
 from hbmwatch.validation import HbmwatchError, QueryTooExpensive
@@ -155,7 +157,8 @@ def _tier(request: Request, params: dict[str, list[str]], tree: Any, grid: Grid)
 
 def _evaluate(request: Request, params: dict[str, list[str]], grid: Grid, *, instant: bool) -> str:
     tree = parse(_one(params, "query"))
-    source = StoreSource(request.app.state.store, _tier(request, params, tree, grid))
+    store = request.app.state.store
+    source = WithVirtual(store, StoreSource(store, _tier(request, params, tree, grid)))
     value = Evaluator(source).eval(tree, grid)
     if not instant and not isinstance(value, list | Scalar):
         kind = "range vector" if isinstance(value, Windows) else "string"
@@ -232,10 +235,16 @@ def _series(request: Request, params: dict[str, list[str]], *, required: bool):
         raise BadQuery('invalid parameter "end": end timestamp must not be before start time')
     bounded = bool(start or end)
     store = request.app.state.store
-    seen: dict[str, Any] = {}
+    seen: dict[str, Labels] = {}
     for matchers in sets:
-        for key in store.label_sets(matchers, lo, hi) if bounded else store.label_sets(matchers):
-            seen.setdefault(key.text, key)
+        _, stored = virtual.wanted(matchers)
+        if stored:
+            keys = store.label_sets(matchers, lo, hi) if bounded else store.label_sets(matchers)
+            for key in keys:
+                seen.setdefault(key.text, labels_of_key(key))
+        now = store.now_ms()
+        for s in virtual.matching(store, matchers, max(lo, 0), min(hi, now)):
+            seen.setdefault(json.dumps(s.labels), s.labels)
     return list(seen.values())
 
 
@@ -247,8 +256,7 @@ async def series(request: Request, _: ScopeRead) -> Response:
     params = await _params(request)
 
     def work() -> str:
-        keys = _series(request, params, required=True)
-        found = [{NAME: k.metric, **dict(k.labels)} for k in keys]
+        found = [dict(labels) for labels in _series(request, params, required=True)]
         return promjson.success(json.dumps(found, separators=(",", ":")), [])
 
     return await _answer(request, work)
@@ -262,12 +270,9 @@ async def labels(request: Request, _: ScopeRead) -> Response:
     params = await _params(request)
 
     def work() -> str:
-        names = {NAME}
-        keys = _series(request, params, required=False)
-        if not keys:
-            names = set()
-        for key in keys:
-            names.update(name for name, _ in key.labels)
+        names: set[str] = set()
+        for labels in _series(request, params, required=False):
+            names.update(name for name, _ in labels)
         return promjson.success(json.dumps(sorted(names)), [])
 
     return await _answer(request, work)
@@ -282,8 +287,8 @@ async def label_values(name: str, request: Request, _: ScopeRead) -> Response:
         if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", name):
             raise BadQuery(f'invalid label name: "{name}"')
         values: set[str] = set()
-        for key in _series(request, params, required=False):
-            got = key.metric if name == NAME else key.label_dict.get(name, "")
+        for labels in _series(request, params, required=False):
+            got = dict(labels).get(name, "")
             if got:
                 values.add(got)
         return promjson.success(json.dumps(sorted(values)), [])
@@ -324,3 +329,40 @@ async def buildinfo(_: ScopeRead) -> Response:
         "goVersion": "",
     }
     return _json(promjson.success(json.dumps(info), []))
+
+
+@router.api_route(
+    "/query_exemplars", methods=["GET", "POST"], openapi_extra=_documented("query", "start", "end")
+)
+async def query_exemplars(_: ScopeRead) -> Response:
+    """No exemplars are stored: an empty answer, as Prometheus gives for series without."""
+    return _json(promjson.success("[]", []))
+
+
+@router.get("/rules")
+async def rules(_: ScopeRead) -> Response:
+    """hbmwatch evaluates no rule groups here (its detectors raise the alerts); Grafana asks."""
+    return _json(promjson.success('{"groups":[]}', []))
+
+
+@router.get("/alerts")
+async def alerts(request: Request, _: ScopeRead) -> Response:
+    """hbmwatch's pending and firing alerts in Prometheus' ``/api/v1/alerts`` shape."""
+
+    def work() -> str:
+        store = request.app.state.store
+        live = store.alerts.alerts(since_ms=store.now_ms(), limit=5000)
+        items = [
+            {
+                "labels": dict(a.labels),
+                "annotations": dict(a.annotations),
+                "state": a.state.value,
+                "activeAt": datetime.fromtimestamp(a.started_ms / 1000, UTC).isoformat(),
+                "value": "1e+00",
+            }
+            for a in live
+            if a.resolved_ms is None
+        ]
+        return promjson.success(json.dumps({"alerts": items}, separators=(",", ":")), [])
+
+    return await _answer(request, work)

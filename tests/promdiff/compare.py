@@ -151,10 +151,14 @@ def _list_outcome(a: Any, b: Any) -> Outcome:
         norm_b = {x if isinstance(x, str) else frozenset(x.items()) for x in b}
         if norm_a == norm_b:
             return Outcome("same")
+
+        def show(items: set[Any]) -> list[str]:
+            return sorted(x if isinstance(x, str) else _fmt(x) for x in items)[:3]
+
         return Outcome(
             "mismatch",
-            f"sets differ: only hbmwatch {sorted(map(str, norm_a - norm_b))[:3]}, "
-            f"only prometheus {sorted(map(str, norm_b - norm_a))[:3]}",
+            f"sets differ ({len(norm_a)} vs {len(norm_b)}): only hbmwatch "
+            f"{show(norm_a - norm_b)}, only prometheus {show(norm_b - norm_a)}",
         )
     return Outcome("same") if a == b else Outcome("mismatch", f"{str(a)[:200]} vs {str(b)[:200]}")
 

@@ -18,7 +18,11 @@ from hypothesis import strategies as st
 from tests.promdiff.dataset import Dataset
 
 RANGES = ("30s", "1m", "90s", "2m", "5m", "10m")
-OFFSETS = ("", "", "", " offset 1m", " offset 5m", " offset 7m30s")
+OFFSETS = ("", "", "", " offset 1m", " offset 5m", " offset 7m30s", " offset -2m")
+#: Offsets and ``@`` modifiers.  Prometheus 2.42 mishandles ``@`` under ``timestamp()``
+#: (answers nothing) and ``predict_linear`` (a range query gets one step), and hbmwatch
+#: refuses ``@`` on subqueries, so those take ``OFFSETS`` only.
+AT_OFFSETS = (*OFFSETS, " @ 1799996400", " @ end()", " @ start() offset 1m")
 QUANTILES = ("0", "0.25", "0.5", "0.9", "0.99", "1", "-0.5", "1.5")
 NUMBERS = ("0", "1", "2", "0.5", "-3", "100", "1e9", "420")
 ARITH = ("+", "-", "*", "/", "%", "^")
@@ -99,15 +103,16 @@ class Grammar:
 
         return build()
 
-    def instant(self, metrics: list[str]) -> st.SearchStrategy[str]:
-        return st.builds(lambda s, o: s + o, self.selector(metrics), st.sampled_from(OFFSETS))
+    def instant(self, metrics: list[str], *, at: bool = True) -> st.SearchStrategy[str]:
+        offsets = st.sampled_from(AT_OFFSETS if at else OFFSETS)
+        return st.builds(lambda s, o: s + o, self.selector(metrics), offsets)
 
-    def ranged(self, metrics: list[str]) -> st.SearchStrategy[str]:
+    def ranged(self, metrics: list[str], *, at: bool = True) -> st.SearchStrategy[str]:
         return st.builds(
             lambda s, r, o: f"{s}[{r}]{o}",
             self.selector(metrics),
             st.sampled_from(RANGES),
-            st.sampled_from(OFFSETS),
+            st.sampled_from(AT_OFFSETS if at else OFFSETS),
         )
 
     # -- leaves ---------------------------------------------------------------------------
@@ -136,9 +141,10 @@ class Grammar:
                 self.ranged(gauges),
             ),
             self.subquery(),
+            self.more(),
             st.builds(lambda s: f"absent({s})", self.instant(every)),
             st.builds(lambda s: f"vector({s})", self.scalar_leaf()),
-            st.builds(lambda s: f"timestamp({s})", self.instant(gauges)),
+            st.builds(lambda s: f"timestamp({s})", self.instant(gauges, at=False)),
             st.builds(
                 lambda q, r: f"histogram_quantile({q}, sum by (le) (rate({r})))",
                 st.sampled_from(QUANTILES),
@@ -160,6 +166,26 @@ class Grammar:
             st.sampled_from(("5m", "10m", "20m")),
             st.sampled_from(("", "1m", "30s", "45s")),
             st.sampled_from(OFFSETS),
+        )
+
+    def more(self) -> st.SearchStrategy[str]:
+        """Functions beyond issue 15's list that hbmwatch evaluates (docs/promql.md)."""
+        gauges = list(self.ds.gauges)
+        return st.one_of(
+            st.builds(lambda r: f"predict_linear({r}, 600)", self.ranged(gauges, at=False)),
+            st.builds(lambda r: f"holt_winters({r}, 0.5, 0.3)", self.ranged(gauges)),
+            st.builds(lambda r: f"absent_over_time({r})", self.ranged(gauges)),
+            st.builds(
+                lambda f, s: f"{f}({s})",
+                st.sampled_from(("sgn", "exp", "ln", "sqrt", "log2", "log10", "deg", "sin")),
+                self.instant(gauges),
+            ),
+            st.builds(
+                lambda s: f'label_join({s}, "dst", "-", "host", "gpu", "nope")',
+                self.instant(gauges),
+            ),
+            st.builds(lambda s: f"hour(timestamp({s}))", self.instant(gauges, at=False)),
+            st.builds(lambda a, b: f"{a} atan2 {b}", self.instant(gauges), self.instant(gauges)),
         )
 
     def scalar_leaf(self) -> st.SearchStrategy[str]:
@@ -266,7 +292,8 @@ class Grammar:
             )
             left = draw(child)
             right = f"sum by ({', '.join(on)}) ({draw(child)})"
-            style = draw(st.integers(0, 5))
+            style = draw(st.integers(0, 7))
+            extra = draw(st.sampled_from(("", "", "(rack)", "(sku, partition)")))
             op = draw(
                 st.one_of(
                     st.sampled_from(ARITH),
@@ -277,9 +304,13 @@ class Grammar:
             )
             keys = ", ".join(on)
             if style == 0:
-                return f"{left} {op} on({keys}) group_left {right}"
+                return f"{left} {op} on({keys}) group_left{extra} {right}"
             if style == 1:
-                return f"{right} {op} on({keys}) group_right {left}"
+                return f"{right} {op} on({keys}) group_right{extra} {left}"
+            if style == 4:
+                return f"{left} {op} on() group_left {draw(child)}"
+            if style == 5:
+                return f"{left} {op} ignoring(stack, domain, reason) group_left{extra} {right}"
             if style == 2:
                 return f"sum by ({keys}) ({left}) {op} {right}"
             if style == 3:
@@ -293,10 +324,24 @@ class Grammar:
     def query(self) -> st.SearchStrategy[str]:
         vectors = st.recursive(self.leaf(), self.extend, max_leaves=3)
         scalars = st.builds(
-            lambda a, o, b: f"{a} {o} {b}",
+            lambda a, o, b, p, c: f"{a} {o} {b} {p} {c}",
             self.scalar_leaf(),
             st.sampled_from(ARITH),
             self.scalar_leaf(),
+            st.sampled_from((*ARITH, "==bool", ">bool")),
+            st.one_of(self.scalar_leaf(), st.builds(lambda x: f"-{x}", self.scalar_leaf())),
+        )
+        vectors = st.one_of(
+            vectors,
+            vectors,
+            vectors,
+            vectors,
+            st.builds(lambda v: f"-{v}", vectors),
+            st.builds(
+                lambda m, q: f"absent(nope_metric{{{m}}}) * {q}",
+                st.sampled_from(('host="h0"', 'host="h0",rack=~"r.*"', 'a="1",a="2"')),
+                st.sampled_from(("1", "2 ^ 3 ^ 2", "-2 ^ 2")),
+            ),
         )
         return st.one_of(
             vectors, vectors, vectors, vectors, vectors, vectors, scalars, st.sampled_from(INVALID)

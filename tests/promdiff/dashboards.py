@@ -34,6 +34,31 @@ BUILTINS = {
 _VARIABLE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\$(\w+)|\[\[(\w+)(?::[^\]]*)?\]\]")
 
 
+def metric_names(expr: str) -> set[str]:
+    """Metric names the expression selects (``__name__="x"`` included); empty if unparsable."""
+    import promql_parser as pp
+
+    try:
+        root = pp.parse(expr)
+    except Exception:  # an invalid expression: compared as an error, named by nothing
+        return set()
+    names: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, pp.VectorSelector):
+            names.update([node.name] if node.name else [])
+            names.update(m.value for m in node.matchers.matchers if m.name == "__name__")
+            return
+        for attr in ("expr", "lhs", "rhs", "param", "vector_selector"):
+            if (child := getattr(node, attr, None)) is not None:
+                visit(child)
+        for child in getattr(node, "args", None) or []:
+            visit(child)
+
+    visit(root)
+    return names
+
+
 @dataclass(frozen=True)
 class DashboardQuery:
     where: str  # file and panel title

@@ -22,6 +22,9 @@ dataset 1 (``tests/promdiff/dataset.py``; Grafana's "now" is 13.377 s before the
   whole-second ``start``/``end``; ``query_result(...)`` variables as an instant query.
 * ``packages/grafana-prometheus/src/annotations.ts``: an annotation is a range query with
   ``step`` from the annotation (default 60 s).
+* ``pkg/promlib/client/client.go`` ``QueryExemplars`` (a form POST of query, start, end) and
+  the datasource's ``loadRules`` (``GET api/v1/rules``); ``api/v1/alerts`` is in the
+  client's GET-only list.
 """
 
 from __future__ import annotations
@@ -140,6 +143,18 @@ def _resources() -> list[dict[str, Any]]:
             **{"match[]": "gpu_power_watts"},
         ),
         _resource("editor: metadata", "GET", "/api/v1/metadata", hour) | {"compare": "shape"},
+        _request("editor: recording rules", "GET", "/api/v1/rules", {}),
+        _request("alerting: datasource alerts", "GET", "/api/v1/alerts", {}),
+        _request(
+            "panel: exemplars",
+            "POST",
+            "/api/v1/query_exemplars",
+            {
+                "query": "sum(rate(gpu_energy_joules_total[1m0s]))",
+                "start": _go_float(math.floor((GRAFANA_NOW - hour) / 15) * 15),
+                "end": _go_float(math.floor(GRAFANA_NOW / 15) * 15),
+            },
+        ),
         _resource("variable: label_values(host)", "GET", "/api/v1/label/host/values", hour),
         _resource(
             'variable: label_values(gpu_power_watts{rack="r0"}, gpu)',
