@@ -16,7 +16,7 @@ from sqlalchemy import Connection, text
 DAY_MS = 86_400_000
 HeadRow = tuple[int, int, float]
 
-_CHUNK_COLUMNS = "series_id, start_ms, count, min, max, sum, last, data"
+_CHUNK_COLUMNS = "series_id, start_ms, count, min, max, sum, last, data, last_ms"
 _ROLLUP_COLUMNS = "series_id, start_ms, count, min, max, sum, last, last_ms"
 
 
@@ -61,7 +61,7 @@ class SqliteBackend:
         cur = _dbapi(conn).cursor()
         try:
             cur.executemany(
-                f"{verb} INTO samples_chunk ({_CHUNK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"{verb} INTO samples_chunk ({_CHUNK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
         finally:
@@ -141,14 +141,14 @@ class PostgresBackend:
         conflict = (
             "ON CONFLICT (series_id, start_ms) DO UPDATE SET count = excluded.count, "
             "min = excluded.min, max = excluded.max, sum = excluded.sum, "
-            "last = excluded.last, data = excluded.data"
+            "last = excluded.last, data = excluded.data, last_ms = excluded.last_ms"
             if replace
             else ""
         )
         with _dbapi(conn).cursor() as cur:
             cur.executemany(
                 f"INSERT INTO samples_chunk ({_CHUNK_COLUMNS}) "
-                f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s) {conflict}",
+                f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) {conflict}",
                 rows,
             )
 

@@ -133,7 +133,7 @@ class Compaction:
                     float(enc.sum[j]),
                     float(enc.last[j]),
                 )
-                chunk_rows.append((int(seg_sid[i]), lo, *stats, enc.blobs[j]))
+                chunk_rows.append((int(seg_sid[i]), lo, *stats, enc.blobs[j], int(last_ts[j])))
                 hour_rows.append((int(seg_sid[i]), hour, *stats, int(last_ts[j])))
         self.backend.write_chunks(conn, chunk_rows, replace=False)
 
@@ -184,6 +184,7 @@ class Compaction:
             float(all_values.sum()),
             float(all_values[-1]),
             codec.encode(lo, all_ts, all_values),
+            int(all_ts[-1]),
         )
         added = (
             len(add_ts),

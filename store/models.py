@@ -71,6 +71,8 @@ class Chunk(Base):
     sum: Mapped[float] = mapped_column(Double)
     last: Mapped[float] = mapped_column(Double)
     data: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    #: the time of the minute's last sample (NULL in chunks older than migration 0004)
+    last_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Rollup1h(Base):

@@ -1,8 +1,8 @@
 """Samples read from the rollup tiers: one per closed minute or hour, with its statistics.
 
-Long ranges at coarse steps need not decode every raw sample.  A minute chunk stands for
-one sample, its minute's last value at the minute's last millisecond; an hourly rollup for
-one at its last sample's time.  Each carries count, min, max and sum, so ``max_over_time``
+Long ranges at coarse steps need not decode every raw sample.  A minute chunk or an hourly
+rollup stands for one sample: its last value at its last sample's time (a chunk written
+before that time was kept stands at its minute's last millisecond).  Each carries count, min, max and sum, so ``max_over_time``
 still sees the peak between the samples.  The head (not compacted yet) is read raw, each
 sample its own statistics.
 """
@@ -41,7 +41,7 @@ _FIELDS = ("times", "values", "count", "min", "max", "sum")
 
 def _rows(conn: Any, table: str, ids: list[int], lo: int, hi: int) -> dict[int, TierSamples]:
     hourly = table == "rollup_1h"
-    stamp = "last_ms" if hourly else f"start_ms + {MINUTE_MS - 1}"
+    stamp = "last_ms" if hourly else f"COALESCE(last_ms, start_ms + {MINUTE_MS - 1})"
     out: dict[int, list[TierSamples]] = {}
     for batch in batches(ids):
         rows = conn.execute(
