@@ -178,6 +178,19 @@ def test_long_spans_read_the_minute_tier_and_say_so(store: Store, clock: Clock) 
     assert all(math.isclose(a, b) for a, b in zip(peak, exact, strict=True))
 
 
+def test_a_tier_sample_stands_at_its_minutes_last_sample(store: Store, clock: Clock) -> None:
+    _fill(store, clock, hours=8)
+    store.compact(now_ms=int(NOW * 1000) + 600_000)
+    at = NOW - 3 * 3600 - 1  # just before a minute: raw and tier see the same last sample
+    query = {"query": f"timestamp({POWER}{{host='n1'}})", "start": at - 600, "end": at,
+             "step": "60"}  # fmt: skip
+    with TestClient(create_app(settings_for(store), store)) as c:
+        tiered = c.get(f"{API}/query_range", params={**query, "resolution": "1m"}).json()
+        raw = c.get(f"{API}/query_range", params={**query, "resolution": "raw"}).json()
+    assert tiered["data"]["result"] == raw["data"]["result"]
+    assert float(raw["data"]["result"][0]["values"][-1][1]) == at - 9  # every 10 s
+
+
 @pytest.mark.parametrize(
     ("query", "grid", "tier"),
     [

@@ -169,9 +169,8 @@ def _evaluate(request: Request, params: dict[str, list[str]], grid: Grid, *, ins
     return promjson.success(f'{{"resultType":"{kind}","result":{result}}}', source.warnings)
 
 
-@router.api_route(
-    "/query", methods=["GET", "POST"], openapi_extra=_documented("query", "time", "timeout")
-)
+@router.get("/query", openapi_extra=_documented("query", "time", "timeout"))
+@router.post("/query", openapi_extra=_documented("query", "time", "timeout"))
 async def query(request: Request, _: ScopeRead) -> Response:
     """An instant query: ``query``, ``time`` (default now)."""
     params = await _params(request)
@@ -183,10 +182,11 @@ async def query(request: Request, _: ScopeRead) -> Response:
     return await _answer(request, lambda: _evaluate(request, params, grid, instant=True))
 
 
-@router.api_route(
-    "/query_range",
-    methods=["GET", "POST"],
-    openapi_extra=_documented("query", "start", "end", "step", "resolution"),
+@router.get(
+    "/query_range", openapi_extra=_documented("query", "start", "end", "step", "resolution")
+)
+@router.post(
+    "/query_range", openapi_extra=_documented("query", "start", "end", "step", "resolution")
 )
 async def query_range(request: Request, _: ScopeRead) -> Response:
     """A range query: ``query``, ``start``, ``end``, ``step`` (seconds or a duration)."""
@@ -248,9 +248,8 @@ def _series(request: Request, params: dict[str, list[str]], *, required: bool):
     return list(seen.values())
 
 
-@router.api_route(
-    "/series", methods=["GET", "POST"], openapi_extra=_documented("match[]", "start", "end")
-)
+@router.get("/series", openapi_extra=_documented("match[]", "start", "end"))
+@router.post("/series", openapi_extra=_documented("match[]", "start", "end"))
 async def series(request: Request, _: ScopeRead) -> Response:
     """Series that match any ``match[]`` selector."""
     params = await _params(request)
@@ -262,9 +261,8 @@ async def series(request: Request, _: ScopeRead) -> Response:
     return await _answer(request, work)
 
 
-@router.api_route(
-    "/labels", methods=["GET", "POST"], openapi_extra=_documented("match[]", "start", "end")
-)
+@router.get("/labels", openapi_extra=_documented("match[]", "start", "end"))
+@router.post("/labels", openapi_extra=_documented("match[]", "start", "end"))
 async def labels(request: Request, _: ScopeRead) -> Response:
     """Label names of the series that match ``match[]`` (all series without it)."""
     params = await _params(request)
@@ -331,9 +329,8 @@ async def buildinfo(_: ScopeRead) -> Response:
     return _json(promjson.success(json.dumps(info), []))
 
 
-@router.api_route(
-    "/query_exemplars", methods=["GET", "POST"], openapi_extra=_documented("query", "start", "end")
-)
+@router.get("/query_exemplars", openapi_extra=_documented("query", "start", "end"))
+@router.post("/query_exemplars", openapi_extra=_documented("query", "start", "end"))
 async def query_exemplars(_: ScopeRead) -> Response:
     """No exemplars are stored: an empty answer, as Prometheus gives for series without."""
     return _json(promjson.success("[]", []))
