@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,7 +21,7 @@ from hbmwatch.promql.engine import parse
 from hbmwatch.promql.values import Grid
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.store.store import Store
-from tests.conftest import NOW, Clock
+from tests.conftest import NOW, Clock, make_store
 from tests.test_api import READ, bearer, open_incident, settings_for
 
 API = "/prometheus/api/v1"
@@ -42,9 +43,18 @@ def _fill(store: Store, clock: Clock, hours: float, every_s: int = 10) -> None:
 
 
 @pytest.fixture
-def client(store: Store, clock: Clock) -> Iterator[TestClient]:
-    _fill(store, clock, hours=1)
-    with TestClient(create_app(settings_for(store), store)) as c:
+def sqlite_store(tmp_path: Path, clock: Clock) -> Iterator[Store]:
+    """Shapes and errors do not depend on the database: SQLite alone; what reads the
+    tables (tiers, label ranges, alerting series) runs on both stores."""
+    store = make_store(f"sqlite:///{tmp_path / 'hbmwatch.db'}", clock)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def client(sqlite_store: Store, clock: Clock) -> Iterator[TestClient]:
+    _fill(sqlite_store, clock, hours=1)
+    with TestClient(create_app(settings_for(sqlite_store), sqlite_store)) as c:
         yield c
 
 
@@ -79,7 +89,8 @@ def test_range_queries_by_get_and_form_post_agree(client: TestClient) -> None:
     assert [float(t) for t, _ in result[0]["values"]] == [NOW - 1800 + 60 * i for i in range(31)]
 
 
-def test_a_form_post_is_a_read_not_a_write(store: Store) -> None:
+def test_a_form_post_is_a_read_not_a_write(sqlite_store: Store) -> None:
+    store = sqlite_store
     app = create_app(settings_for(store, open_reads=False), store)
     with TestClient(app) as c:
         form = {"query": "1", "time": NOW}
@@ -253,7 +264,8 @@ def test_alerts_incidents_and_findings_are_series(store: Store, clock: Clock) ->
         assert float(values[0][0]) == opened and float(values[-1][0]) <= resolved
 
 
-def test_grafana_side_calls_answer_empty_or_from_alerting(store: Store, clock: Clock) -> None:
+def test_grafana_side_calls_answer_empty_or_from_alerting(sqlite_store: Store, clock: Clock):
+    store = sqlite_store
     open_incident(store, clock)
     with TestClient(create_app(settings_for(store), store)) as c:
         assert c.post(f"{API}/query_exemplars", data={"query": POWER}).json()["data"] == []
