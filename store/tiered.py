@@ -2,9 +2,9 @@
 
 Long ranges at coarse steps need not decode every raw sample.  A minute chunk or an hourly
 rollup stands for one sample: its last value at its last sample's time (a chunk written
-before that time was kept stands at its minute's last millisecond).  Each carries count, min, max and sum, so ``max_over_time``
-still sees the peak between the samples.  The head (not compacted yet) is read raw, each
-sample its own statistics.
+before that time was kept stands at its minute's last millisecond).  Each carries count,
+min, max and sum, so ``max_over_time`` still sees the peak between the samples.  The head
+(not compacted yet) is read raw, each sample its own statistics.
 """
 
 from __future__ import annotations

@@ -80,9 +80,9 @@ def pg_url() -> str:
     return require_service("HBMWATCH_TEST_PG_URL", "PostgreSQL")
 
 
-@pytest.fixture
-def pg_schema_url(pg_url: str) -> Iterator[str]:
-    """A private schema on the test server, dropped afterwards."""
+@contextlib.contextmanager
+def private_schema(pg_url: str) -> Iterator[str]:
+    """A URL of a private schema on the test server, dropped on leaving."""
     from sqlalchemy.engine import make_url
 
     schema = f"t_{uuid.uuid4().hex[:12]}"
@@ -96,6 +96,13 @@ def pg_schema_url(pg_url: str) -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
         admin.dispose()
+
+
+@pytest.fixture
+def pg_schema_url(pg_url: str) -> Iterator[str]:
+    """A private schema on the test server, dropped afterwards."""
+    with private_schema(pg_url) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -18,7 +18,6 @@ import math
 import os
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,10 +31,9 @@ from hbmwatch.api.main import create_app
 from hbmwatch.metrics import METRICS
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.settings import ApiSettings, Settings, StoreSettings
-from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.store import Store
 from hbmwatch.taxonomy import FindingKind
-from tests.conftest import Clock, make_store, require_service
+from tests.conftest import Clock, make_store, private_schema, require_service
 from tests.dashboard_data import END_S, answer, fleet_series, openmetrics
 from tests.dashboard_queries import VIRTUAL, Query, all_queries, parse, selectors
 from tests.test_alerting import stated
@@ -112,21 +110,8 @@ def test_query_returns_data_on_prometheus(query: Query, prometheus: httpx.Client
 @pytest.fixture(scope="module")
 def pg_module_url() -> Iterator[str]:
     """A private schema on the test server for this module, dropped afterwards."""
-    from sqlalchemy import text
-    from sqlalchemy.engine import make_url
-
-    pg_url = require_service("HBMWATCH_TEST_PG_URL", "PostgreSQL")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_store_engine(pg_url)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    url = make_url(pg_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+    with private_schema(require_service("HBMWATCH_TEST_PG_URL", "PostgreSQL")) as url:
+        yield url
 
 
 def _alerting_state(store: Store) -> None:

@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from hbmwatch.bench.realprom import PrometheusUnavailable, RealPrometheus, SeriesSamples
 from hbmwatch.settings import Settings
-from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.store import Store
-from tests.conftest import Clock, make_store, require_service
+from tests.conftest import Clock, make_store, private_schema, require_service
 from tests.promdiff.compare import Answer, Ask, http_ask
 
 PREFIX = "/prometheus"
@@ -56,19 +52,12 @@ def backend_store(kind: str, folder: Path, clock: Clock) -> Iterator[Store]:
             store.close()
         return
     pg_url = require_service("HBMWATCH_TEST_PG_URL", "PostgreSQL")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_store_engine(pg_url)
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE SCHEMA {schema}"))
-    url = make_url(pg_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    store = make_store(url.render_as_string(hide_password=False), clock)
-    try:
-        yield store
-    finally:
-        store.close()
-        with admin.begin() as conn:
-            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+    with private_schema(pg_url) as url:
+        store = make_store(url, clock)
+        try:
+            yield store
+        finally:
+            store.close()
 
 
 def settings_for(store: Store) -> Settings:
