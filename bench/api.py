@@ -541,22 +541,23 @@ def _announcing_server() -> type:
 
 
 @contextlib.contextmanager
-def served(db: Path) -> Iterator[str]:
-    """A separate process serving the API (as `hbmwatch up` would); yields its base URL."""
+def served(db: Path, wait_s: float = 30.0) -> Iterator[tuple[str, int]]:
+    """A separate process serving the API (as `hbmwatch up` would); yields its base URL and
+    its PID (for its CPU time)."""
     with tempfile.TemporaryFile() as errors:
         argv = [sys.executable, "-m", "hbmwatch.bench.api", str(db)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True)
         try:
             port = (proc.stdout.readline() if proc.stdout else "").strip()
             if not port.isdigit():
-                proc.wait(timeout=30)
+                proc.wait(timeout=wait_s)
                 errors.seek(0)
                 tail = errors.read().decode(errors="replace")[-2000:]
                 raise HbmwatchError(f"the API process did not start:\n{tail}")
-            yield f"http://127.0.0.1:{port}"
+            yield f"http://127.0.0.1:{port}", proc.pid
         finally:
             proc.terminate()
-            proc.wait(timeout=30)
+            proc.wait(timeout=wait_s)
 
 
 Read = tuple[float, int, int]  # seconds, response bytes, points or alerts returned
@@ -706,7 +707,7 @@ def bench_api(
     report["query_example"] = repeated[0]
     progress("timing the reads", 0, 1)
     try:
-        with served(db) as base_url, httpx.Client(base_url=base_url, timeout=60.0) as client:
+        with served(db) as (base_url, _), httpx.Client(base_url=base_url, timeout=60.0) as client:
             http: HttpReads | None = HttpReads(client, meta)
             try:
                 _check_routes(client)

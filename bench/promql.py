@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from hbmwatch.bench.api import served
 from hbmwatch.bench.promql_day import (
     HOUR_MS,
     DaySpec,
@@ -216,20 +216,8 @@ def _bytes(path: Path) -> int:
 def hbmwatch_server(db: Path) -> Iterator[tuple[str, int]]:
     """``create_app`` over the day's store under uvicorn in its own process (the server of
     ``hbmwatch bench api``); yields the Prometheus-compatible base URL and the PID."""
-    with tempfile.TemporaryFile() as errors:
-        argv = [sys.executable, "-m", "hbmwatch.bench.api", str(db)]
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True)
-        try:
-            port = (proc.stdout.readline() if proc.stdout else "").strip()
-            if not port.isdigit():
-                proc.wait(timeout=60)
-                errors.seek(0)
-                tail = errors.read().decode(errors="replace")[-2000:]
-                raise HbmwatchError(f"the hbmwatch API process did not start:\n{tail}")
-            yield f"http://127.0.0.1:{port}/prometheus", proc.pid
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+    with served(db, wait_s=60.0) as (base_url, pid):
+        yield f"{base_url}/prometheus", pid
 
 
 def cpu_seconds(pid: int) -> float:
