@@ -9,7 +9,6 @@ and ties come out as Prometheus computes them.  What the engine does not evaluat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import timedelta
 
 import numpy as np
@@ -236,4 +235,4 @@ def evaluate(text: str, grid: Grid, source: SampleSource) -> Value:
     return Evaluator(source).eval(tree, grid)
 
 
-__all__: Sequence[str] = ("Evaluator", "QueryError", "evaluate", "parse")
+__all__ = ["Evaluator", "QueryError", "evaluate", "parse"]

@@ -17,7 +17,7 @@ import promql_parser as pp
 
 from hbmwatch.promql.errors import BadQuery, QueryError
 from hbmwatch.promql.instant_functions import absent_labels
-from hbmwatch.promql.values import Grid, Row, Scalar, Windows, check_unique, without_name
+from hbmwatch.promql.values import Grid, Row, Windows, check_unique, without_name
 
 if TYPE_CHECKING:
     from hbmwatch.promql.engine import Evaluator
@@ -396,6 +396,3 @@ def _absent_over_time(f: Flat, target: pp.Expr, grid: Grid) -> list[Row]:
         return []
     labels = absent_labels(target) if isinstance(target, pp.MatrixSelector) else ()
     return [Row(labels, np.ones(len(grid)), ~covered)]
-
-
-__all__ = ["FUNCTIONS", "Scalar", "evaluate", "quantile"]
