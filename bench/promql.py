@@ -237,7 +237,7 @@ class Server:
     client: httpx.Client
     extra: dict[str, str] = field(default_factory=dict)
 
-    def ask(self, expr: str, start: int, end: int, step: int) -> dict[str, Any]:
+    def ask(self, expr: str, start: int, end: int, step: int, keep: bool = False) -> dict[str, Any]:
         params = {"query": expr, "start": str(start), "end": str(end), "step": str(step)}
         params |= self.extra
         cpu0, t0 = cpu_seconds(self.pid), time.perf_counter()
@@ -253,8 +253,30 @@ class Server:
             return {"wall": wall, "cpu": cpu, "error": f"{response.status_code}: {error}"}
         result = body["data"]["result"]
         points = sum(len(s.get("values", ())) for s in result)
-        return {"wall": wall, "cpu": cpu, "series": len(result), "points": points,
-                "bytes": len(response.content), "warnings": body.get("warnings", [])}  # fmt: skip
+        out = {"wall": wall, "cpu": cpu, "series": len(result), "points": points,
+               "bytes": len(response.content), "warnings": body.get("warnings", [])}  # fmt: skip
+        return out | {"result": result} if keep else out
+
+
+def agree(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> bool:
+    """The same series, timestamps and values (relative 1e-9, NaN equal to NaN): what a
+    panel would draw, not only as many points."""
+
+    def table(result: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+        return {json.dumps(s["metric"], sort_keys=True): [(float(t), float(v)) for t, v in
+                s["values"]] for s in result}  # fmt: skip
+
+    a, b = table(ours), table(theirs)
+    if a.keys() != b.keys():
+        return False
+    return all(
+        len(a[k]) == len(b[k])
+        and all(
+            ta == tb and (va == vb or (va != va and vb != vb) or abs(va - vb) <= 1e-9 * abs(vb))
+            for (ta, va), (tb, vb) in zip(a[k], b[k], strict=True)
+        )
+        for k in a
+    )
 
 
 def _stats(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -287,8 +309,7 @@ def measure(
     rows = []
     for i, q in enumerate(qs):
         began = time.monotonic()
-        for server in servers:
-            server.ask(q.expr, start, end, step)
+        first = {s.name: s.ask(q.expr, start, end, step, keep=True) for s in servers}
         timed: dict[str, list[dict[str, Any]]] = {s.name: [] for s in servers}
         for n in range(runs):
             if n >= 3 and time.monotonic() - began > budget_s:
@@ -304,6 +325,12 @@ def measure(
             row["ratio_p50"] = round(h["p50_ms"] / p["p50_ms"], 2)
             row["same_series"] = h["series"] == p["series"]
             row["same_points"] = h["points"] == p["points"]
+            warm_h, warm_p = first.get("hbmwatch", {}), first.get("prometheus", {})
+            row["same_values"] = (
+                "result" in warm_h
+                and "result" in warm_p
+                and agree(warm_h["result"], warm_p["result"])
+            )
         rows.append(row)
         progress(f"{len(qs)} queries x {runs} runs on each server", i + 1, len(qs))
     return rows

@@ -357,6 +357,7 @@ def _print_promql_report(report: dict[str, Any]) -> None:
         else:
             same = "" if row.get("same_series") else " (differ)"
             points = "" if row.get("same_points") else ", points differ"
+            points += "" if row.get("same_values") else ", values differ"
             series = f"{h['series']}/{pr['series']}{same}{points}"
         table.add_row(row["query"][:48], str(row["runs"]), *cells, ratio, series)
     Console(width=160).print(table)

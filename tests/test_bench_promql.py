@@ -86,7 +86,7 @@ def test_bench_promql_times_every_query_on_both_servers(tmp_path: Path) -> None:
         for server in ("hbmwatch", "prometheus"):
             assert row[server]["p99_ms"] >= row[server]["p50_ms"] > 0, row
             assert "error" not in row[server], row
-        assert row["same_series"] and row["same_points"], row
+        assert row["same_series"] and row["same_points"] and row["same_values"], row
     assert any(row["hbmwatch"]["series"] > 0 for row in report["queries"])
     assert "hbmwatch bench promql" in done.stdout and "ratio p50" in done.stdout
     again = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=tmp_path)
