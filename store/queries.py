@@ -26,7 +26,15 @@ from hbmwatch.store.guard import guarded
 from hbmwatch.store.registry import SeriesRegistry
 from hbmwatch.store.results import LatestValue, QueryResult
 from hbmwatch.store.tiered import TierSamples, read_tiers, series_with_samples
-from hbmwatch.store.tiers import HOUR_MS, MINUTE_MS, batches, floor, in_list, read_watermark
+from hbmwatch.store.tiers import (
+    HOUR_MS,
+    MINUTE_MS,
+    batches,
+    floor,
+    head_samples,
+    in_list,
+    read_watermark,
+)
 from hbmwatch.validation import InvalidQuery, QueryTooExpensive
 
 MAX_POINTS_PER_SERIES = 11_000
@@ -206,22 +214,7 @@ class Queries:
         return out
 
     def _head_rows(self, conn: Any, ids: list[int], lo: int, hi: int) -> dict[int, tuple]:
-        rows: dict[int, list[tuple[int, float]]] = {}
-        for batch in batches(ids):
-            for ts, sid, value in conn.execute(
-                text(
-                    "SELECT ts, series_id, value FROM samples_head WHERE ts >= :lo AND ts < :hi "
-                    f"AND series_id IN ({in_list(batch)})"
-                ),
-                {"lo": lo, "hi": hi},
-            ):
-                rows.setdefault(int(sid), []).append((int(ts), float(value)))
-        out = {}
-        for sid, pairs in rows.items():
-            arr = np.array(pairs, dtype=np.float64)
-            order = np.argsort(arr[:, 0], kind="stable")
-            out[sid] = (arr[order, 0].astype(np.int64), arr[order, 1])
-        return out
+        return head_samples(conn, ids, lo, hi)
 
     def _raw_samples(
         self, ids: list[int], lo: int, hi: int

@@ -15,7 +15,15 @@ from typing import Any
 import numpy as np
 from sqlalchemy import text
 
-from hbmwatch.store.tiers import HOUR_MS, MINUTE_MS, batches, floor, in_list, read_watermark
+from hbmwatch.store.tiers import (
+    HOUR_MS,
+    MINUTE_MS,
+    batches,
+    floor,
+    head_samples,
+    in_list,
+    read_watermark,
+)
 
 
 @dataclass
@@ -65,23 +73,11 @@ def _rows(conn: Any, table: str, ids: list[int], lo: int, hi: int) -> dict[int, 
 
 
 def _head(conn: Any, ids: list[int], lo: int, hi: int) -> dict[int, TierSamples]:
-    out: dict[int, list[tuple[int, float]]] = {}
-    for batch in batches(ids):
-        for ts, sid, value in conn.execute(
-            text(
-                "SELECT ts, series_id, value FROM samples_head WHERE ts >= :lo AND ts <= :hi "
-                f"AND series_id IN ({in_list(batch)})"
-            ),
-            {"lo": lo, "hi": hi},
-        ):
-            out.setdefault(int(sid), []).append((int(ts), float(value)))
-    result = {}
-    for sid, pairs in out.items():
-        pairs.sort()
-        t = np.array([p[0] for p in pairs], dtype=np.int64)
-        v = np.array([p[1] for p in pairs])
-        result[sid] = TierSamples(t, v, np.ones(len(v)), v, v, v)
-    return result
+    """Head samples in ``[lo, hi]``, each its own statistics."""
+    return {
+        sid: TierSamples(t, v, np.ones(len(v)), v, v, v)
+        for sid, (t, v) in head_samples(conn, ids, lo, hi + 1).items()
+    }
 
 
 def read_tiers(conn: Any, ids: list[int], lo: int, hi: int, *, hourly: bool) -> dict:
@@ -115,7 +111,9 @@ def series_with_samples(conn: Any, ids: list[int], lo: int, hi: int) -> set[int]
     Whole hours and minutes count, as Prometheus' answers count whole chunks and blocks.
     """
     found: set[int] = set()
-    for table, width in (("rollup_1h", HOUR_MS), ("samples_chunk", MINUTE_MS)):
+    tiers = (("rollup_1h", "start_ms", HOUR_MS), ("samples_chunk", "start_ms", MINUTE_MS),
+             ("samples_head", "ts", 1))  # fmt: skip
+    for table, column, width in tiers:
         rest = [i for i in ids if i not in found]
         for batch in batches(rest):
             found.update(
@@ -123,21 +121,9 @@ def series_with_samples(conn: Any, ids: list[int], lo: int, hi: int) -> set[int]
                 for (sid,) in conn.execute(
                     text(
                         f"SELECT DISTINCT series_id FROM {table} WHERE series_id IN "
-                        f"({in_list(batch)}) AND start_ms >= :lo AND start_ms <= :hi"
+                        f"({in_list(batch)}) AND {column} >= :lo AND {column} <= :hi"
                     ),
                     {"lo": floor(lo, width), "hi": hi},
                 )
             )
-    rest = [i for i in ids if i not in found]
-    for batch in batches(rest):
-        found.update(
-            int(sid)
-            for (sid,) in conn.execute(
-                text(
-                    "SELECT DISTINCT series_id FROM samples_head WHERE ts >= :lo AND ts <= :hi "
-                    f"AND series_id IN ({in_list(batch)})"
-                ),
-                {"lo": lo, "hi": hi},
-            )
-        )
     return found

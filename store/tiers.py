@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import delete, select
+import numpy as np
+from sqlalchemy import delete, select, text
 
 from hbmwatch.store.models import StoreState
 
@@ -54,3 +55,25 @@ def write_state(conn: Any, name: str, value: Any) -> None:
 def write_watermark(conn: Any, ms: int) -> None:
     """Move the watermark, in the caller's transaction (the one that wrote the chunks)."""
     write_state(conn, WATERMARK, ms)
+
+
+def head_samples(
+    conn: Any, ids: Sequence[int], lo: int, hi: int
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Head samples in ``[lo, hi)`` ms of each series: times (ms) and values, time-sorted."""
+    rows: dict[int, list[tuple[int, float]]] = {}
+    for batch in batches(ids):
+        for ts, sid, value in conn.execute(
+            text(
+                "SELECT ts, series_id, value FROM samples_head WHERE ts >= :lo AND ts < :hi "
+                f"AND series_id IN ({in_list(batch)})"
+            ),
+            {"lo": lo, "hi": hi},
+        ):
+            rows.setdefault(int(sid), []).append((int(ts), float(value)))
+    out = {}
+    for sid, pairs in rows.items():
+        arr = np.array(pairs, dtype=np.float64)
+        order = np.argsort(arr[:, 0], kind="stable")
+        out[sid] = (arr[order, 0].astype(np.int64), arr[order, 1])
+    return out
