@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -209,7 +211,6 @@ def bench_api(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
 ) -> None:
     """p99 of a one-GPU-day range query and an incident detail over HTTP (target: 100 ms)."""
-    from rich.progress import MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from hbmwatch.bench import api as api_bench
     from hbmwatch.bench import benchmarks
@@ -224,15 +225,7 @@ def bench_api(
         f"[bold]hbmwatch bench api[/bold] on {benchmarks.machine()}: {gpus} GPUs x {hours} h "
         f"in {db} (the first load takes a while; later runs reuse it)"
     )
-    columns = (*Progress.get_default_columns()[:2], MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console) as bar:
-        tasks: dict[str, Any] = {}
-
-        def progress(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done)
-
+    with staged_progress() as progress:
         report = api_bench.bench_api(gpus=gpus, hours=hours, db=db, requests=requests,
                                      rebuild=rebuild, progress=progress)  # fmt: skip
     _print_api_report(report)
@@ -299,7 +292,6 @@ def bench_promql(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
 ) -> None:
     """p50/p99 of each dashboard query over a fleet day, hbmwatch beside a real Prometheus."""
-    from rich.progress import MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from hbmwatch.bench import benchmarks
     from hbmwatch.bench.promql import DASHBOARDS
@@ -316,16 +308,8 @@ def bench_promql(
         f"at a {interval} s scrape interval in {folder}, queried at step {step} s, {runs} runs "
         "(the first run generates the day; later runs reuse it)"
     )
-    columns = (*Progress.get_default_columns()[:2], MofNCompleteColumn(), TimeRemainingColumn())
     try:
-        with Progress(*columns, console=console) as bar:
-            tasks: dict[str, Any] = {}
-
-            def progress(stage: str, done: int, total: int) -> None:
-                if stage not in tasks:
-                    tasks[stage] = bar.add_task(stage, total=total)
-                bar.update(tasks[stage], completed=done)
-
+        with staged_progress() as progress:
             report = run_bench(folder=folder, spec=spec, step=step, runs=runs, rebuild=rebuild,
                                budget_s=query_seconds, dashboards=dashboards or DASHBOARDS,
                                resolution=resolution, progress=progress)  # fmt: skip
@@ -371,3 +355,20 @@ def _print_promql_report(report: dict[str, Any]) -> None:
     )
     for item in report["skipped"]:
         console.print(f"skipped {item['query']}: {item['why']}")
+
+
+@contextlib.contextmanager
+def staged_progress() -> Iterator[Callable[[str, int, int], None]]:
+    """A progress bar per stage of a long benchmark; yields the ``progress`` callback."""
+    from rich.progress import MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    columns = (*Progress.get_default_columns()[:2], MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done)
+
+        yield progress
