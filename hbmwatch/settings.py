@@ -13,7 +13,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -32,6 +40,56 @@ class _Section(BaseModel):
     """A settings table: a key it does not know is a typo, refused rather than ignored."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+def _shard(text: str | None) -> str | None:
+    from hbmwatch.sharding import Shard
+
+    return None if text is None else str(Shard.parse(text))  # raises ValueError naming it
+
+
+class RemoteSettings(_Section):
+    """Samples on an existing TSDB: written by remote-write 1.0, read back by its query API.
+
+    Findings, alerts, incidents, silences and detector state stay in ``store.url``."""
+
+    write_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="Remote-write endpoint: VictoriaMetrics http://HOST:8428/api/v1/write, "
+        "Prometheus (--web.enable-remote-write-receiver) http://HOST:9090/api/v1/write, Mimir "
+        ".../api/v1/push, Thanos Receive .../api/v1/receive. Unset: samples go to store.url.",
+    )
+    query_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="Base of the same engine's Prometheus query API (/api/v1/query is appended): "
+        "http://HOST:8428, http://HOST:9090, Mimir's .../prometheus.",
+    )
+    bearer_token: SecretStr | None = Field(None, description="Sent as Authorization: Bearer.")
+    headers: dict[str, str] = Field(
+        {}, description="Extra request headers, e.g. X-Scope-OrgID for Mimir or Cortex."
+    )
+    timeout_seconds: float = Field(10.0, gt=0, le=300)
+    max_samples_per_request: int = Field(5_000, gt=0, le=1_000_000)
+    retry_min_seconds: float = Field(0.5, gt=0, description="First retry after a 5xx or refusal.")
+    retry_max_seconds: float = Field(30.0, gt=0, description="Backoff doubles up to this.")
+    read_lag_seconds: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="Engines show samples some time after they are written (VictoriaMetrics: "
+        "-search.latencyOffset); each detection read looks back this much further.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.write_url is not None
+
+    @field_validator("query_url")
+    @classmethod
+    def _strip(cls, url: str | None) -> str | None:
+        return None if url is None else url.rstrip("/")
 
 
 class StoreSettings(_Section):
@@ -67,6 +125,7 @@ class StoreSettings(_Section):
         description="Newest samples of the detectors' metrics kept in memory (about 24 bytes "
         "each) so a detection cycle need not read them back from the database.",
     )
+    remote: RemoteSettings = RemoteSettings()
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     sqlite_busy_timeout_seconds: float = Field(
         60.0, ge=0, description="How long a write waits for another writer's lock."
@@ -78,6 +137,12 @@ class StoreSettings(_Section):
         if not url.startswith(("sqlite://", "postgresql")):
             raise ValueError("store.url must be a sqlite:/// or postgresql+psycopg:// URL")
         return url
+
+    @model_validator(mode="after")
+    def _remote_reads_back(self) -> StoreSettings:
+        if self.remote.write_url and not self.remote.query_url:
+            raise ValueError("store.remote.write_url needs store.remote.query_url to read back")
+        return self
 
 
 class ApiSettings(_Section):
@@ -187,6 +252,12 @@ class CollectorSettings(_Section):
     )
     flush_samples: int = Field(20_000, gt=0)
     inventory_seconds: float = Field(60.0, gt=0)
+    shard: str | None = Field(
+        None,
+        description="i/N (0-based): scrape only the targets whose URL hashes to shard i of N, "
+        "as Prometheus' hashmod; every collector of one fleet is given the same N.",
+    )
+    _shard_form = field_validator("shard")(_shard)
 
     @property
     def configured(self) -> bool:
@@ -234,6 +305,13 @@ class DetectionSettings(_Section):
         "has held a GPU's clock 10%+ under its own baseline this long, or at once when a "
         "workload on that GPU regresses.",
     )
+    shard: str | None = Field(
+        None,
+        description="i/N (0-based): run the per-rack detectors on the GPUs and workloads whose "
+        "cluster/rack hash to shard i of N; every detector process of one fleet is given the "
+        "same N.",
+    )
+    _shard_form = field_validator("shard")(_shard)
 
 
 class ReceiverSettings(_Section):
