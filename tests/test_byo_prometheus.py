@@ -1,0 +1,205 @@
+"""Bring your own Prometheus: a real Prometheus scrapes the simulated fleet's exporter pages
+(dcgm-exporter, DME, vLLM, training), and the collector, given only that Prometheus as a
+``prometheus`` target, writes the same canonical series the scraping collector writes,
+with Prometheus' timestamps, once each, and the detectors find the fault through it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from hbmwatch.collector.engine import ScrapeEngine
+from hbmwatch.collector.sources.federated import FederatedTranslator, selectors
+from hbmwatch.matchers import Matcher, MatchOp
+from hbmwatch.records import SeriesKey
+from hbmwatch.runtime.service import build_collector
+from hbmwatch.settings import CollectorSettings, Settings, StoreSettings
+from hbmwatch.simulator.process import FleetInfo, FleetSpec, SimProcess
+from hbmwatch.store.store import Store
+from tests.conftest import make_store
+from tests.prometheus_server import PROMETHEUS, prometheus, wait_for
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="needs the prometheus binary"),
+]
+
+#: One AMD node (DME) and one NVIDIA node (dcgm-exporter); GPU 3 of the NVIDIA node is
+#: power-capped from the start, which the throttling detector reports.
+SCENARIO = """
+name = "byo"
+duration = "30m"
+seed = 7
+[[racks]]
+name = "r0"
+nodes = 1
+sku = "MI300X"
+[[racks]]
+name = "r1"
+nodes = 1
+sku = "H200"
+[[faults]]
+kind = "power_cap"
+target = { host = "r1-node0", gpu = 3 }
+onset = "0s"
+"""
+
+
+def scrape_config(info: FleetInfo) -> str:
+    """One job per exporter kind; each target's labels (cluster, rack, host, service, gpu)
+    as target labels, its path as ``__metrics_path__``: how a user would write it."""
+    jobs: dict[str, list[dict[str, Any]]] = {}
+    for t in info.targets:
+        url = httpx.URL(t.url)
+        labels = {**t.labels, "__metrics_path__": url.path}
+        target = {"targets": [f"{url.host}:{url.port}"], "labels": labels}
+        jobs.setdefault(t.kind, []).append(target)
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "scrape_configs": [{"job_name": k, "static_configs": v} for k, v in jobs.items()],
+    }
+    return json.dumps(config)  # JSON is YAML
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FleetInfo, str]]:
+    """The simulated fleet, and a Prometheus that has scraped every page of it."""
+    tmp = tmp_path_factory.mktemp("byo")
+    (tmp / "byo.toml").write_text(SCENARIO)
+    spec = FleetSpec(str(tmp / "byo.toml"), None, 0, 1.0, str(tmp / "truth.json"), "warning")
+    sim = SimProcess(spec)
+    loop = asyncio.new_event_loop()
+    info = loop.run_until_complete(sim.start())
+    try:
+        with prometheus(tmp, scrape_config(info)) as prom:
+
+            def all_up() -> bool:
+                up = httpx.get(f"{prom}/api/v1/query", params={"query": "up"}).json()
+                values = [r["value"][1] for r in up["data"]["result"]]
+                return len(values) == len(info.targets) and set(values) == {"1"}
+
+            wait_for(all_up, "prometheus to scrape every simulated page")
+            yield info, prom
+    finally:
+        loop.run_until_complete(sim.stop())
+        loop.close()
+
+
+def collector(tmp: Path, store: Store, prom: str) -> ScrapeEngine:
+    target = {"kind": "prometheus", "url": prom, "host_label": "host"}
+    settings = Settings(
+        store=StoreSettings(url="sqlite://"),
+        collector=CollectorSettings(targets=[target], spool_dir=str(tmp / "spool")),  # type: ignore[list-item]
+    )
+    return build_collector(settings, store, [])
+
+
+def direct(tmp: Path, store: Store, info: FleetInfo) -> ScrapeEngine:
+    """The scraping collector, over the same pages, for comparison."""
+    targets = [t.as_dict() for t in info.targets]
+    settings = Settings(collector=CollectorSettings(targets=targets, spool_dir=str(tmp / "s2")))
+    return build_collector(settings, store, [])
+
+
+async def rounds(engine: ScrapeEngine, n: int, prom: str | None = None) -> None:
+    """``n`` scrapes, each after Prometheus has scraped again (when reading through it)."""
+    async with engine:
+        for _ in range(n):
+            if prom is not None:
+                await asyncio.to_thread(next_scrape, prom)
+            await engine.scrape_round()
+            await engine.sink.flush()
+
+
+def next_scrape(prom: str) -> None:
+    """Wait until Prometheus has scraped every page again."""
+    before = newest_scrape(prom)
+    wait_for(lambda: newest_scrape(prom) > before, "prometheus' next scrape")
+
+
+def newest_scrape(prom: str) -> float:
+    q = httpx.get(f"{prom}/api/v1/query", params={"query": "min(timestamp(up))"}).json()
+    return float(q["data"]["result"][0]["value"][1])
+
+
+def stored(store: Store) -> dict[SeriesKey, tuple[list[int], list[float]]]:
+    now = int(time.time() * 1000)
+    names = Matcher("__name__", MatchOp.RE, "", re.compile("gpu_.*|workload_.*"))
+    found, _ = store.select_samples([names], 0, now)
+    return {key: (list(map(int, t)), list(map(float, v))) for key, t, v, _ in found}
+
+
+def test_the_canonical_series_of_every_gpu_come_through_prometheus(
+    fleet: tuple[FleetInfo, str], tmp_path: Path
+) -> None:
+    info, prom = fleet
+    byo_store = make_store(f"sqlite:///{tmp_path / 'byo.db'}", time.time)  # type: ignore[arg-type]
+    ref_store = make_store(f"sqlite:///{tmp_path / 'ref.db'}", time.time)  # type: ignore[arg-type]
+    asyncio.run(rounds(collector(tmp_path, byo_store, prom), 3, prom))
+    asyncio.run(rounds(direct(tmp_path, ref_store, info), 3, prom))  # paced alike
+    byo, ref = stored(byo_store), stored(ref_store)
+
+    # The same canonical series as scraping the exporters, for every simulated GPU.
+    assert set(byo) == set(ref)
+    gpus = {(k.label("host"), k.label("gpu")) for k in byo if k.metric == "gpu_power_watts"}
+    assert len(gpus) == info.gpus
+    assert {d.host for d in byo_store.devices()} == {t.labels["host"] for t in info.targets}
+
+    # Prometheus' timestamps, each sample once, strictly increasing.
+    for times, _ in byo.values():
+        assert times == sorted(set(times))
+
+    # Values as Prometheus holds them, at their timestamps: a temperature read as is and a
+    # power in watts, on each vendor.
+    for host, gpu in sorted(gpus)[::5]:
+        for metric, raw in (
+            ("gpu_memory_temperature_celsius", MEMORY_TEMPERATURE),
+            ("gpu_power_watts", POWER),
+        ):
+            key = next(k for k in byo if k.metric == metric and k.label("host") == host
+                       and k.label("gpu") == gpu)  # fmt: skip
+            times, values = byo[key]
+            held = prometheus_samples(prom, raw, host, gpu)
+            for ts, value in zip(times, values, strict=True):
+                assert held[ts] == pytest.approx(value), (key, ts)
+
+    # A re-read of an unchanged server writes nothing new.
+    engine = collector(tmp_path, byo_store, prom)
+    translator = engine.state(engine.targets.current()[0]).translator
+    assert isinstance(translator, FederatedTranslator)
+    page = httpx.get(f"{prom}/federate", params=translator.params).text
+    assert translator.translate_text(page, 0).samples
+    assert translator.translate_text(page, 0).samples == []
+    byo_store.close()
+    ref_store.close()
+
+
+MEMORY_TEMPERATURE = "DCGM_FI_DEV_MEMORY_TEMP(_CELSIUS)?|(amd_)?gpu_memory_temperature"
+POWER = "DCGM_FI_DEV_POWER_USAGE|DCGM_FI_DEV_BOARD_POWER_WATTS|(amd_)?gpu_package_power"
+
+
+def prometheus_samples(prom: str, names: str, host: str, gpu: str) -> dict[int, float]:
+    """Raw samples of the last minute of one GPU's series named ``names`` (a regex)."""
+    selector = f'{{__name__=~"{names}",host="{host}"}}[1m]'
+    result = httpx.get(f"{prom}/api/v1/query", params={"query": selector}).json()["data"]
+    out: dict[int, float] = {}
+    for series in result["result"]:
+        labels = series["metric"]
+        if (labels.get("gpu") or labels.get("gpu_id")) != gpu:
+            continue
+        out.update({round(float(t) * 1000): float(v) for t, v in series["values"]})
+    return out
+
+
+def test_the_selectors_come_from_the_spelling_tables() -> None:
+    dcgm, dme, inference = selectors(["dcgm", "dme", "inference"])
+    assert "DCGM_FI_DEV_MEMORY_TEMP" in dcgm and "amd_gpu_package_power" in dme
+    assert "vllm:e2e_request_latency_seconds_bucket" in inference
