@@ -18,8 +18,11 @@ import pytest
 
 from hbmwatch.collector.engine import ScrapeEngine
 from hbmwatch.collector.sources.federated import FederatedTranslator, selectors
+from hbmwatch.detectors import default_detectors
+from hbmwatch.detectors.context import Context
 from hbmwatch.matchers import Matcher, MatchOp
-from hbmwatch.records import SeriesKey
+from hbmwatch.records import Finding, SeriesKey
+from hbmwatch.runtime.detection import DetectionRunner
 from hbmwatch.runtime.service import build_collector
 from hbmwatch.settings import CollectorSettings, Settings, StoreSettings
 from hbmwatch.simulator.process import FleetInfo, FleetSpec, SimProcess
@@ -203,3 +206,32 @@ def test_the_selectors_come_from_the_spelling_tables() -> None:
     dcgm, dme, inference = selectors(["dcgm", "dme", "inference"])
     assert "DCGM_FI_DEV_MEMORY_TEMP" in dcgm and "amd_gpu_package_power" in dme
     assert "vllm:e2e_request_latency_seconds_bucket" in inference
+
+
+def test_the_detectors_find_the_fault_through_prometheus(
+    fleet: tuple[FleetInfo, str], tmp_path: Path
+) -> None:
+    """The power-capped GPU's throttling, found from what Prometheus held, not the pages."""
+    _, prom = fleet
+    store = make_store(f"sqlite:///{tmp_path / 'byo.db'}", time.time)  # type: ignore[arg-type]
+    runner = DetectionRunner(store, default_detectors(), context=Context())
+    runner.start()
+    engine = collector(tmp_path, store, prom)
+
+    async def until_found() -> list[Finding]:
+        async with engine:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                await asyncio.to_thread(next_scrape, prom)
+                await engine.scrape_round()
+                await engine.sink.flush()
+                runner.cycle()
+                found = store.findings.query(open_only=True)
+                if any(f.entity.get("gpu") == "3" for f in found):
+                    return found
+        return store.findings.query()
+
+    found = asyncio.run(until_found())
+    store.close()
+    hits = [(f.kind, f.entity.get("host"), f.entity.get("gpu"), f.top_cause) for f in found]
+    assert ("throttle", "r1-node0", "3", "power_cap") in hits, hits
