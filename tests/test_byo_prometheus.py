@@ -28,7 +28,13 @@ from hbmwatch.settings import CollectorSettings, Settings, StoreSettings
 from hbmwatch.simulator.process import FleetInfo, FleetSpec, SimProcess
 from hbmwatch.store.store import Store
 from tests.conftest import make_store
-from tests.prometheus_server import PROMETHEUS, prometheus, wait_for
+from tests.prometheus_server import (
+    PROMETHEUS,
+    VICTORIA_METRICS,
+    prometheus,
+    victoria_metrics,
+    wait_for,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -83,17 +89,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FleetInfo,
     info = loop.run_until_complete(sim.start())
     try:
         with prometheus(tmp, scrape_config(info)) as prom:
-
-            def all_up() -> bool:
-                up = httpx.get(f"{prom}/api/v1/query", params={"query": "up"}).json()
-                values = [r["value"][1] for r in up["data"]["result"]]
-                return len(values) == len(info.targets) and set(values) == {"1"}
-
-            wait_for(all_up, "prometheus to scrape every simulated page")
+            wait_for(lambda: all_up(prom, len(info.targets)), "prometheus to scrape every page")
             yield info, prom
     finally:
         loop.run_until_complete(sim.stop())
         loop.close()
+
+
+def all_up(server: str, targets: int) -> bool:
+    up = httpx.get(f"{server}/api/v1/query", params={"query": "up"}).json()
+    values = [r["value"][1] for r in up["data"]["result"]]
+    return len(values) == targets and set(values) == {"1"}
 
 
 def collector(tmp: Path, store: Store, prom: str) -> ScrapeEngine:
@@ -144,6 +150,20 @@ def test_the_canonical_series_of_every_gpu_come_through_prometheus(
     fleet: tuple[FleetInfo, str], tmp_path: Path
 ) -> None:
     info, prom = fleet
+    same_as_scraping(info, prom, tmp_path)
+
+
+@pytest.mark.skipif(not Path(VICTORIA_METRICS).exists(), reason="needs victoria-metrics")
+def test_and_through_victoria_metrics(fleet: tuple[FleetInfo, str], tmp_path: Path) -> None:
+    """VictoriaMetrics serves ``/federate`` too; its own scrapes, the same config."""
+    info, _ = fleet
+    with victoria_metrics(tmp_path, scrape_config(info)) as vm:
+        wait_for(lambda: all_up(vm, len(info.targets)), "victoria-metrics to scrape every page")
+        same_as_scraping(info, vm, tmp_path)
+
+
+def same_as_scraping(info: FleetInfo, prom: str, tmp_path: Path) -> None:
+    """What the collector writes through ``prom`` is what it writes scraping the pages."""
     byo_store = make_store(f"sqlite:///{tmp_path / 'byo.db'}", time.time)  # type: ignore[arg-type]
     ref_store = make_store(f"sqlite:///{tmp_path / 'ref.db'}", time.time)  # type: ignore[arg-type]
     asyncio.run(rounds(collector(tmp_path, byo_store, prom), 3, prom))
