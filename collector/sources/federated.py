@@ -14,6 +14,10 @@ twice writes it once.  ``job`` and ``instance`` are Prometheus' labels, not the 
 they are taken off before translation.  A series' host is its ``host_label`` if set, else
 dcgm-exporter's ``Hostname`` (or DME's ``hostname``), else the host part of ``instance``;
 its cluster and rack are its own ``cluster`` and ``rack`` labels, else the target's.
+
+Prometheus' own ``up`` of an exporter whose series have been read becomes that exporter's
+``hbmwatch_target_up`` (``target`` is ``job/instance``), so a dead exporter is reported as
+when hbmwatch scrapes it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from hbmwatch.collector.sources.dme import DmeTranslator
 from hbmwatch.collector.sources.inference import InferenceTranslator
 from hbmwatch.collector.spellings import dcgm, dme, vllm
 from hbmwatch.collector.translate import Collected
+from hbmwatch.records import Sample, SeriesKey
 
 #: What a ``prometheus`` target reads by default: every source below.
 SOURCES = ("dcgm", "dme", "inference")
@@ -59,7 +64,7 @@ def selectors(sources: Iterable[str]) -> list[str]:
     for source in sources:
         names = sorted(name for name, s in ROUTES.items() if s == source)
         out.append('{__name__=~"' + "|".join(names) + '"}')
-    return out
+    return [*out, "up"]
 
 
 def federate_url(url: str) -> str:
@@ -117,6 +122,8 @@ class FederatedTranslator:
         self._series = SeriesCache(series_cap)
         self._last: dict[str, int] = {}  # federate line key -> newest timestamp taken
         self._translators: dict[tuple[Any, ...], Any] = {}
+        #: (job, instance) -> the health labels of the exporter there, once its series seen.
+        self._exporters: dict[tuple[str, str], dict[str, str]] = {}
 
     def request(self, url: str) -> tuple[str, list[tuple[str, str]]]:
         """What to fetch for the target at ``url``: its ``/federate`` and the selectors."""
@@ -159,10 +166,12 @@ class FederatedTranslator:
         if page.series_capped:
             out.drop("series_cap", page.series_capped)
         pages: dict[tuple[Any, ...], list[str]] = {}
+        health: list[tuple[tuple[str, str], int, float]] = []
         last = self._last
         for sample in page.samples:
-            source = ROUTES.get(sample.series.name)
-            if source is None or source not in self.sources:
+            name = sample.series.name
+            source = ROUTES.get(name)
+            if name != "up" and (source is None or source not in self.sources):
                 out.drop("unmapped")
                 continue
             ts = ts_ms if sample.timestamp_ms is None else sample.timestamp_ms
@@ -170,8 +179,17 @@ class FederatedTranslator:
                 continue
             last[sample.key] = ts
             labels = sample.series.label_dict()
-            identity = self.identity(labels)
             exporter = (labels.get("job", ""), labels.get("instance", ""))
+            if source is None:  # up
+                health.append((exporter, ts, sample.value))
+                continue
+            identity = self.identity(labels)
+            if exporter not in self._exporters:
+                self._exporters[exporter] = {
+                    **identity,
+                    "target": "/".join(exporter),
+                    "source": source,
+                }
             page_labels = [(k, v) for k, v in sample.series.labels if k not in FEDERATION_LABELS]
             key = (source, exporter, tuple(identity.items()))
             lines = pages.setdefault((ts, key), [])
@@ -182,6 +200,9 @@ class FederatedTranslator:
             out.dropped.update(collected.dropped)
             out.devices.update(collected.devices)
             out.errors.extend(collected.errors[: max(0, 5 - len(out.errors))])
+        for exporter, ts, value in health:
+            if (labels := self._exporters.get(exporter)) is not None:
+                out.samples.append(Sample(SeriesKey("hbmwatch_target_up", labels), ts, value))
         if len(last) > 2 * len(page.samples) + 10_000:  # forget series gone from the server
             keep = {s.key for s in page.samples}
             self._last = {k: v for k, v in last.items() if k in keep}
