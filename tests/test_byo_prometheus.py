@@ -143,9 +143,11 @@ def steady(series: dict[SeriesKey, Any]) -> set[SeriesKey]:
     return {k for k in series if not k.metric.startswith("workload_latency")}
 
 
-def stored(store: Store) -> dict[SeriesKey, tuple[list[int], list[float]]]:
+def stored(
+    store: Store, names: str = "gpu_.*|workload_.*"
+) -> dict[SeriesKey, tuple[list[int], list[float]]]:
     now = int(time.time() * 1000)
-    names = Matcher("__name__", MatchOp.RE, "", re.compile("gpu_.*|workload_.*"))
+    names = Matcher("__name__", MatchOp.RE, "", re.compile(names))
     found, _ = store.select_samples([names], 0, now)
     return {key: (list(map(int, t)), list(map(float, v))) for key, t, v, _ in found}
 
@@ -170,7 +172,13 @@ def same_as_scraping(info: FleetInfo, prom: str, tmp_path: Path) -> None:
     """What the collector writes through ``prom`` is what it writes scraping the pages."""
     byo_store = make_store(f"sqlite:///{tmp_path / 'byo.db'}", time.time)  # type: ignore[arg-type]
     ref_store = make_store(f"sqlite:///{tmp_path / 'ref.db'}", time.time)  # type: ignore[arg-type]
-    asyncio.run(rounds(collector(tmp_path, byo_store, prom), 3, prom))
+    engine = collector(tmp_path, byo_store, prom)
+    asyncio.run(rounds(engine, 3, prom))
+    assert engine.sink.totals.rejected == 0 and engine.sink.totals.accepted > 0
+    health = {
+        k for k in stored(byo_store, "hbmwatch_target_up") if k.label("source") != "prometheus"
+    }
+    assert len(health) == len(info.targets)  # each exporter's up, as Prometheus saw it
     asyncio.run(rounds(direct(tmp_path, ref_store, info), 3, prom))  # paced alike
     byo, ref = stored(byo_store), stored(ref_store)
 
@@ -238,9 +246,9 @@ def prometheus_samples(prom: str, names: str, host: str, gpu: str) -> dict[int, 
 
 
 def test_the_selectors_come_from_the_spelling_tables() -> None:
-    dcgm, dme, inference = selectors(["dcgm", "dme", "inference"])
+    dcgm, dme, inference, up = selectors(["dcgm", "dme", "inference"])
     assert "DCGM_FI_DEV_MEMORY_TEMP" in dcgm and "amd_gpu_package_power" in dme
-    assert "vllm:e2e_request_latency_seconds_bucket" in inference
+    assert "vllm:e2e_request_latency_seconds_bucket" in inference and up == "up"
 
 
 def test_the_detectors_find_the_fault_through_prometheus(

@@ -16,8 +16,10 @@ dcgm-exporter's ``Hostname`` (or DME's ``hostname``), else the host part of ``in
 its cluster and rack are its own ``cluster`` and ``rack`` labels, else the target's.
 
 Prometheus' own ``up`` of an exporter whose series have been read becomes that exporter's
-``hbmwatch_target_up`` (``target`` is ``job/instance``), so a dead exporter is reported as
-when hbmwatch scrapes it.
+``hbmwatch_target_up``, so a dead exporter is reported as when hbmwatch scrapes it.  An
+``up`` belongs to the exporter whose series carry all its labels (``job`` and ``instance``
+do not tell apart the pages of one port: vLLM services, training jobs); its ``target`` is
+``job/instance`` and the other target labels, as Prometheus shows the target.
 """
 
 from __future__ import annotations
@@ -122,8 +124,8 @@ class FederatedTranslator:
         self._series = SeriesCache(series_cap)
         self._last: dict[str, int] = {}  # federate line key -> newest timestamp taken
         self._translators: dict[tuple[Any, ...], Any] = {}
-        #: (job, instance) -> the health labels of the exporter there, once its series seen.
-        self._exporters: dict[tuple[str, str], dict[str, str]] = {}
+        #: An ``up`` series' labels -> the health labels of its exporter, once matched.
+        self._health: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
 
     def request(self, url: str) -> tuple[str, list[tuple[str, str]]]:
         """What to fetch for the target at ``url``: its ``/federate`` and the selectors."""
@@ -158,6 +160,27 @@ class FederatedTranslator:
             self._translators[key] = translator
         return translator
 
+    def _health_of(
+        self,
+        up: dict[str, str],
+        seen: Mapping[tuple[str, str], list[tuple[dict[str, str], str, dict[str, str]]]],
+    ) -> dict[str, str] | None:
+        """The health labels of the exporter an ``up`` series is of: the first series read
+        this time from its ``job`` and ``instance`` that carries all of ``up``'s labels."""
+        up.pop("__name__", None)
+        signature = tuple(sorted(up.items()))
+        health = self._health.get(signature)
+        if health is not None:
+            return health
+        exporter = (up.get("job", ""), up.get("instance", ""))
+        for labels, source, identity in seen.get(exporter, ()):
+            if all(labels.get(k) == v for k, v in signature):
+                rest = ",".join(f"{k}={v}" for k, v in signature if k not in FEDERATION_LABELS)
+                target = "/".join(exporter) + (f"{{{rest}}}" if rest else "")
+                health = self._health[signature] = {**identity, "target": target, "source": source}
+                return health
+        return None
+
     def translate_text(self, text: str, ts_ms: int) -> Collected:
         page = parse(text, self._series)
         out = Collected()
@@ -166,7 +189,8 @@ class FederatedTranslator:
         if page.series_capped:
             out.drop("series_cap", page.series_capped)
         pages: dict[tuple[Any, ...], list[str]] = {}
-        health: list[tuple[tuple[str, str], int, float]] = []
+        ups: list[tuple[dict[str, str], int, float]] = []
+        seen: dict[tuple[str, str], list[tuple[dict[str, str], str, dict[str, str]]]] = {}
         last = self._last
         for sample in page.samples:
             name = sample.series.name
@@ -181,15 +205,10 @@ class FederatedTranslator:
             labels = sample.series.label_dict()
             exporter = (labels.get("job", ""), labels.get("instance", ""))
             if source is None:  # up
-                health.append((exporter, ts, sample.value))
+                ups.append((labels, ts, sample.value))
                 continue
             identity = self.identity(labels)
-            if exporter not in self._exporters:
-                self._exporters[exporter] = {
-                    **identity,
-                    "target": "/".join(exporter),
-                    "source": source,
-                }
+            seen.setdefault(exporter, []).append((labels, source, identity))
             page_labels = [(k, v) for k, v in sample.series.labels if k not in FEDERATION_LABELS]
             key = (source, exporter, tuple(identity.items()))
             lines = pages.setdefault((ts, key), [])
@@ -200,9 +219,9 @@ class FederatedTranslator:
             out.dropped.update(collected.dropped)
             out.devices.update(collected.devices)
             out.errors.extend(collected.errors[: max(0, 5 - len(out.errors))])
-        for exporter, ts, value in health:
-            if (labels := self._exporters.get(exporter)) is not None:
-                out.samples.append(Sample(SeriesKey("hbmwatch_target_up", labels), ts, value))
+        for labels, ts, value in ups:
+            if (health := self._health_of(labels, seen)) is not None:
+                out.samples.append(Sample(SeriesKey("hbmwatch_target_up", health), ts, value))
         if len(last) > 2 * len(page.samples) + 10_000:  # forget series gone from the server
             keep = {s.key for s in page.samples}
             self._last = {k: v for k, v in last.items() if k in keep}
