@@ -255,3 +255,32 @@ def test_nothing_scraped_is_lost_while_the_receiver_is_down(tmp_path: Path) -> N
     finally:
         store.close()
         vm.stop()
+
+
+def test_the_prometheus_api_and_federate_answer_from_the_engine(
+    engine: EngineProcess, tmp_path: Path
+) -> None:
+    """``/prometheus`` evaluates over samples read back from the engine; ``/federate`` gives
+    their newest values; tiers are refused in one line (the engine has them or not)."""
+    from fastapi.testclient import TestClient
+
+    from hbmwatch.api.main import create_app
+
+    store = remote_store(tmp_path, engine.write_url, engine.url)
+    tag = f"p{time.time_ns()}"
+    keys = gpu_keys(tag)
+    now = int(time.time()) * 1000
+    store.write([Sample(k, now - 30_000 + i * 1000, float(i * j)) for i in range(31)
+                 for j, k in enumerate(keys)])  # fmt: skip
+    selector = f'gpu_power_watts{{cluster="{tag}"}}'
+    eventually(lambda: engine_count(engine, selector) == 31 * len(keys), "samples in the engine")
+    settings = load_settings(store=store.settings.model_dump())
+    with TestClient(create_app(settings, store)) as client:
+        params = {"query": f"sum(max_over_time({selector}[1m]))", "time": now / 1000}
+        body = client.get("/prometheus/api/v1/query", params=params).json()
+        assert body["data"]["result"][0]["value"][1] == str(30 * sum(range(len(keys))))
+        asked = client.get("/prometheus/api/v1/query", params={**params, "resolution": "1m"})
+        assert asked.status_code == 400 and "remote engine" in asked.json()["error"]
+        page = client.get("/federate", params={"match[]": selector}).text
+        assert page.count(f'cluster="{tag}"') == len(keys)
+    store.close()
