@@ -166,14 +166,15 @@ def build_collector(
     registry: CollectorRegistry | None = None,
 ) -> ScrapeEngine:
     """The collector wired to the store: spool, batching sink, targets, inventory."""
-    c = settings.collector
+    c, remote = settings.collector, settings.store.remote
     spool = Spool(Path(c.spool_dir), c.spool_max_bytes, registry)
-    sink = BatchingSink(
-        SpoolingWriter(store.write, spool),
-        c.flush_samples,
-        c.flush_seconds,
-        drain_seconds=DRAIN_SECONDS,
-    )
+    if remote.enabled:  # one batch, one remote-write request; back off while it is down
+        writer = SpoolingWriter(store.write, spool, remote.retry_min_seconds,
+                                remote.retry_max_seconds)  # fmt: skip
+        batch = min(c.flush_samples, remote.max_samples_per_request)
+    else:
+        writer, batch = SpoolingWriter(store.write, spool), c.flush_samples
+    sink = BatchingSink(writer, batch, c.flush_seconds, drain_seconds=DRAIN_SECONDS)
     return ScrapeEngine(
         TargetSet(c, extra),
         sink,
