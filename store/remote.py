@@ -34,7 +34,7 @@ from hbmwatch.store.feed import SampleBlock
 from hbmwatch.store.guard import StoreUnavailable, guarded
 from hbmwatch.store.registry import NAME_LABEL
 from hbmwatch.store.remote_read import EngineReader, LabelSet
-from hbmwatch.store.remote_write import RemoteWriteClient
+from hbmwatch.store.remote_write import RemoteWriteClient, encode_arrays
 from hbmwatch.store.results import CompactionReport, LatestValue, QueryResult, WriteResult
 from hbmwatch.store.store import Store
 from hbmwatch.store.tiered import TierSamples
@@ -157,13 +157,16 @@ class RemoteStore(Store):
         return result
 
     def _send(self, rows: list[tuple[int, int, float]], result: WriteResult) -> None:
-        by_series: dict[SeriesKey, list[tuple[int, float]]] = defaultdict(list)
-        keys = self.series_registry.keys
-        for ts, sid, value in rows:
-            by_series[keys[sid]].append((ts, value))
-        for samples in by_series.values():
-            samples.sort(key=lambda s: s[0])
-        outcome = self.remote_writer.send(by_series)
+        if not rows:
+            return
+        table = np.array(rows, dtype=np.float64)
+        stamps, sids = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+        order = np.lexsort((stamps, sids))  # by series, then time: receivers want order
+        sids, stamps, values = sids[order], stamps[order], table[order, 2]
+        firsts = np.flatnonzero(np.r_[True, sids[1:] != sids[:-1]])
+        counts = np.diff(np.r_[firsts, len(sids)])
+        keys = [self.series_registry.keys[int(sid)] for sid in sids[firsts]]
+        outcome = self.remote_writer.send(encode_arrays(keys, counts.tolist(), stamps, values))
         if outcome.stored:
             self.remote_metrics.requests.labels("stored").inc()
             self.remote_metrics.samples.labels("stored").inc(len(rows))
