@@ -205,7 +205,10 @@ class ApiSettings(_Section):
     )
 
 
-TargetKind = Literal["dme", "dcgm", "vllm", "sglang", "tgi", "triton", "training", "mapped"]
+TargetKind = Literal[
+    "dme", "dcgm", "vllm", "sglang", "tgi", "triton", "training", "mapped", "prometheus"
+]
+FederatedSource = Literal["dcgm", "dme", "inference"]
 LocalSource = Literal["nvml", "amdsmi", "amdsmi-library", "nvidia-smi"]
 
 
@@ -220,6 +223,22 @@ class TargetSettings(BaseModel):
     interval_seconds: float | None = Field(None, gt=0, le=3600)
     timeout_seconds: float | None = Field(None, gt=0, le=600)
     mapping: str | None = Field(None, description="Mapping file (TOML) for kind = mapped.")
+    sources: list[FederatedSource] | None = Field(
+        None,
+        description="For kind = prometheus: whose series to read back (default: all three).",
+    )
+    host_label: str | None = Field(
+        None,
+        pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$",
+        description="For kind = prometheus: the series label naming the host (default: "
+        "Hostname or hostname, else the host part of instance).",
+    )
+
+    @model_validator(mode="after")
+    def _prometheus_only(self) -> TargetSettings:
+        if self.kind != "prometheus" and (self.sources is not None or self.host_label):
+            raise ValueError("sources and host_label are for kind = prometheus only")
+        return self
 
 
 class CollectorSettings(_Section):

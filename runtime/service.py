@@ -224,9 +224,12 @@ async def run(settings: Settings) -> None:
         extra = simulator_targets(sim_targets, settings)
     collector = build_collector(settings, store, extra, registry)
     status.collector_last_round_ms = lambda: collector.last_round_ms
+    owned = collector.current_targets()
     logger.info(
         "collector starting",
-        targets=len(collector.targets.current()),
+        shard=str(collector.targets.shard),
+        targets=len(owned),
+        targets_total=collector.targets.total,
         local_sources=len(collector.local_sources),
     )
     stop_on_signals(stop)
@@ -379,7 +382,13 @@ async def collect(
                 reports = await collector.scrape_round()
             await collector.sink.flush()
             return reports
-        logger.info("collector starting", targets=len(collector.targets.current()))
+        owned = collector.current_targets()
+        logger.info(
+            "collector starting",
+            shard=str(collector.targets.shard),
+            targets=len(owned),
+            targets_total=collector.targets.total,
+        )
         stop_on_signals(stop)
         with exits_on_fatal():
             async with asyncio.TaskGroup() as group:
