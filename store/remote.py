@@ -133,8 +133,6 @@ class RemoteStore(Store):
         self.reader = EngineReader(remote.query_url, **common)
         self.remote_metrics = RemoteMetrics(registry)
         self.feed = None  # type: ignore[assignment]  # detectors read the engine, not memory
-        self._newest_read: dict[int, int] = {}  # detectors' feed: newest ts handed out
-        self._read_from: int | None = None
         self._refusal_logged = -float("inf")
 
     def close(self) -> None:
@@ -269,31 +267,22 @@ class RemoteStore(Store):
     ) -> None:
         self._watched_metrics = frozenset(metric_names)
         self._wants = wants
-        self._newest_read.clear()
-        self._read_from = None
+        self._watched_cache = None
 
     def read_new(self, cursor: int | None, since_ms: int) -> tuple[int, SampleBlock]:
-        """Watched samples the engine holds that this reader has not handed out yet.
+        """Every watched sample the engine holds from ``since_ms`` on, in time order.
 
-        Each read looks ``store.remote.read_lag_seconds`` behind the previous one, since an
-        engine shows samples some time after they are written; per series only samples
-        newer than the newest already handed out come back.
+        Stateless, by time: there is no feed in memory here (the samples may come from other
+        processes), so a runner over this store reads from the end of its last frame on
+        every cycle (``DetectionRunner`` does so for any store without a local feed).
         """
         now = self.now_ms()
-        lag = int(self.settings.remote.read_lag_seconds * 1000)
-        lo = since_ms if cursor is None or self._read_from is None else self._read_from
         self.series_registry.refresh()
-        ids = [sid for sid in self.series_registry.keys if self._is_watched(sid)]
-        fetched = self._fetch(ids, lo, now) if ids else {}
-        self._read_from = max(lo, now - lag)
-        parts = []
-        for sid, (t, v) in fetched.items():
-            newer = t > self._newest_read.get(sid, -1)
-            if newer.any():
-                self._newest_read[sid] = int(t[newer][-1])
-                parts.append(SampleBlock(np.full(int(newer.sum()), sid, np.int64), t[newer],
-                                         v[newer]))  # fmt: skip
-        block = SampleBlock.concat(parts)
+        ids = self._watched_ids()
+        fetched = self._fetch(ids, since_ms, now) if ids else {}
+        block = SampleBlock.concat(
+            [SampleBlock(np.full(len(t), sid, np.int64), t, v) for sid, (t, v) in fetched.items()]
+        )
         order = np.argsort(block.timestamps_ms, kind="stable")
         return now, SampleBlock(
             block.series_ids[order], block.timestamps_ms[order], block.values[order]

@@ -66,7 +66,7 @@ def remote_store(tmp_path: Path, write_url: str, query_url: str, **remote: objec
     engine = create_store_engine(url)
     upgrade(engine)
     engine.dispose()
-    remote = {"write_url": write_url, "query_url": query_url, "read_lag_seconds": 5, **remote}
+    remote = {"write_url": write_url, "query_url": query_url, **remote}
     store = open_store(load_settings(store={"url": url, "remote": remote}).store)
     assert isinstance(store, RemoteStore)
     return store
@@ -163,12 +163,11 @@ def test_every_sample_written_is_in_the_engine_and_reads_back(
     cursor, block = store.read_new(None, now - 120_000)
     assert len(block) == len(batch)
     assert list(block.timestamps_ms) == sorted(block.timestamps_ms)
-    # Timestamped now, as a scrape is: a sample that shows up later than read_lag_seconds
-    # after its timestamp is in the engine but not handed to the detectors.
-    more = [Sample(k, int(time.time() * 1000), 1.0) for k in keys]
-    store.write(more)
-    got = eventually(lambda: len(store.read_new(cursor, now - 120_000)[1]), "the next samples")
-    assert got == len(keys)  # only what was not handed out before
+    # Read by time: from a later instant, only what was written after it.
+    later = int(time.time() * 1000) + 1000
+    store.write([Sample(k, later, 1.0) for k in keys])
+    got = eventually(lambda: len(store.read_new(cursor, later)[1]), "the next samples")
+    assert got == len(keys)
     store.close()
 
 
