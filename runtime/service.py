@@ -401,6 +401,7 @@ async def collect(
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), seconds)
                     stop.set()
+        _log_totals(collector, "collector stopped")
         return []
     finally:
         stop.set()
@@ -414,17 +415,22 @@ async def _report_progress(
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every)
-        t = collector.sink.totals
-        down = [s.target.url for s in collector.states if s.up is False]
-        logger.info(
-            "collector progress",
-            written=t.accepted,
-            rejected=t.rejected,
-            spooled=t.spooled,
-            replayed=t.replayed,
-            targets=len(collector.states),
-            down=len(down),
-        )
+        _log_totals(collector, "collector progress")
+
+
+def _log_totals(collector: ScrapeEngine, event: str) -> None:
+    """What the collector has written so far (``bench scale`` checks it against the engine)."""
+    t = collector.sink.totals
+    down = [s.target.url for s in collector.states if s.up is False]
+    logger.info(
+        event,
+        written=t.accepted,
+        rejected=t.rejected,
+        spooled=t.spooled,
+        replayed=t.replayed,
+        targets=len(collector.states),
+        down=len(down),
+    )
 
 
 async def detect_only(settings: Settings, metrics_port: int | None = None) -> None:
