@@ -46,6 +46,8 @@ logger = log.get("hbmwatch.store.remote")
 MAX_VALUES_PER_MATCHER = 512
 #: A refusal by the receiver is logged at most this often (it is counted every time).
 REFUSAL_LOG_SECONDS = 60.0
+#: How often the detectors' reads ask the engine for watched series the registry lacks.
+DISCOVER_EVERY_SECONDS = 30.0
 
 
 def narrowing(keys: Iterable[SeriesKey]) -> list[Matcher]:
@@ -133,6 +135,7 @@ class RemoteStore(Store):
         self.reader = EngineReader(remote.query_url, **common)
         self.remote_metrics = RemoteMetrics(registry)
         self.feed = None  # type: ignore[assignment]  # detectors read the engine, not memory
+        self._discovered_at = -float("inf")
         self._refusal_logged = -float("inf")
 
     def close(self) -> None:
@@ -268,6 +271,24 @@ class RemoteStore(Store):
         self._watched_metrics = frozenset(metric_names)
         self._wants = wants
         self._watched_cache = None
+        self._discovered_at = -float("inf")
+
+    def _discover(self, lo: int, hi: int) -> None:
+        """Register the watched series the engine holds and the registry does not know yet.
+
+        The registry fills as collectors write; a detector process over a store of its own
+        (a fresh schema, data another deployment wrote) learns the series from the engine.
+        Every series is judged as a write would judge it; what fails is left out."""
+        if time.monotonic() - self._discovered_at < DISCOVER_EVERY_SECONDS:
+            return
+        self._discovered_at = time.monotonic()
+        names = _one_of(NAME_LABEL, set(self._watched_metrics))
+        keys = {_key_of(labels) for labels in self.reader.series([names], lo, hi)}
+        known = self.series_registry.ids
+        fresh = [k for k in keys if k.text not in known]
+        if fresh:
+            self.resolve(fresh)
+            logger.info("series learned from the engine", series=len(fresh))
 
     def read_new(self, cursor: int | None, since_ms: int) -> tuple[int, SampleBlock]:
         """Every watched sample the engine holds from ``since_ms`` on, in time order.
@@ -278,6 +299,8 @@ class RemoteStore(Store):
         """
         now = self.now_ms()
         self.series_registry.refresh()
+        if self._watched_metrics:
+            self._discover(since_ms, now)
         ids = self._watched_ids()
         fetched = self._fetch(ids, since_ms, now) if ids else {}
         block = SampleBlock.concat(

@@ -62,6 +62,7 @@ def engine(
 
 
 def remote_store(tmp_path: Path, write_url: str, query_url: str, **remote: object) -> RemoteStore:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{tmp_path / 'state.db'}"
     engine = create_store_engine(url)
     upgrade(engine)
@@ -283,3 +284,19 @@ def test_the_prometheus_api_and_federate_answer_from_the_engine(
         page = client.get("/federate", params={"match[]": selector}).text
         assert page.count(f'cluster="{tag}"') == len(keys)
     store.close()
+
+
+def test_a_reader_with_a_fresh_registry_learns_the_series_from_the_engine(
+    engine: EngineProcess, tmp_path: Path
+) -> None:
+    """A detector process over a store of its own reads what another process wrote."""
+    writer = remote_store(tmp_path / "writer", engine.write_url, engine.url)
+    reader = remote_store(tmp_path / "reader", engine.write_url, engine.url)
+    tag = f"f{time.time_ns()}"
+    now = int(time.time()) * 1000
+    writer.write([Sample(k, now - 1000, 1.0) for k in gpu_keys(tag)])
+    reader.watch(["gpu_power_watts"], wants=lambda k: k.label("cluster") == tag)
+    block = eventually(lambda: len(reader.read_new(None, now - 60_000)[1]), "the writer's samples")
+    assert block == len(gpu_keys(tag))
+    writer.close()
+    reader.close()
