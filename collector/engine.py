@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import ssl
 import time
 import zlib
 from collections.abc import Callable, Iterable
@@ -139,11 +141,13 @@ class ScrapeEngine:
 
     def _client(self, state: TargetState) -> httpx.AsyncClient:
         # One small client per target: a shared pool scans all its connections on every
-        # event, which at a thousand targets costs more than the parsing does.
+        # event, which at a thousand targets costs more than the parsing does.  They share
+        # one TLS context: each of its own loads the CA bundle, 90 ms of CPU a target.
         if state.client is None:
             state.client = httpx.AsyncClient(
                 limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
                 transport=self._transport,
+                verify=_tls_context(),
                 headers={"Accept": "text/plain;version=0.0.4"},
             )
         return state.client
@@ -408,3 +412,9 @@ async def _sleep_until(clock: Callable[[], float], tick_ms: int, stop: asyncio.E
     if wait > 0:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), wait)
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """The one TLS context (httpx's defaults: certifi's CAs) every target's client uses."""
+    return httpx.create_ssl_context()

@@ -21,7 +21,6 @@ url = "sqlite:///$work/state.db"
 [store.remote]
 write_url = "http://127.0.0.1:8428/api/v1/write"
 query_url = "http://127.0.0.1:8428"
-read_lag_seconds = 10
 [collector]
 local_sources = ["nvml"]
 spool_dir = "$work/spool"

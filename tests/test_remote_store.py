@@ -62,11 +62,12 @@ def engine(
 
 
 def remote_store(tmp_path: Path, write_url: str, query_url: str, **remote: object) -> RemoteStore:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{tmp_path / 'state.db'}"
     engine = create_store_engine(url)
     upgrade(engine)
     engine.dispose()
-    remote = {"write_url": write_url, "query_url": query_url, "read_lag_seconds": 5, **remote}
+    remote = {"write_url": write_url, "query_url": query_url, **remote}
     store = open_store(load_settings(store={"url": url, "remote": remote}).store)
     assert isinstance(store, RemoteStore)
     return store
@@ -163,12 +164,11 @@ def test_every_sample_written_is_in_the_engine_and_reads_back(
     cursor, block = store.read_new(None, now - 120_000)
     assert len(block) == len(batch)
     assert list(block.timestamps_ms) == sorted(block.timestamps_ms)
-    # Timestamped now, as a scrape is: a sample that shows up later than read_lag_seconds
-    # after its timestamp is in the engine but not handed to the detectors.
-    more = [Sample(k, int(time.time() * 1000), 1.0) for k in keys]
-    store.write(more)
-    got = eventually(lambda: len(store.read_new(cursor, now - 120_000)[1]), "the next samples")
-    assert got == len(keys)  # only what was not handed out before
+    # Read by time: from a later instant, only what was written after it.
+    later = int(time.time() * 1000) + 1000
+    store.write([Sample(k, later, 1.0) for k in keys])
+    got = eventually(lambda: len(store.read_new(cursor, later)[1]), "the next samples")
+    assert got == len(keys)
     store.close()
 
 
@@ -284,3 +284,19 @@ def test_the_prometheus_api_and_federate_answer_from_the_engine(
         page = client.get("/federate", params={"match[]": selector}).text
         assert page.count(f'cluster="{tag}"') == len(keys)
     store.close()
+
+
+def test_a_reader_with_a_fresh_registry_learns_the_series_from_the_engine(
+    engine: EngineProcess, tmp_path: Path
+) -> None:
+    """A detector process over a store of its own reads what another process wrote."""
+    writer = remote_store(tmp_path / "writer", engine.write_url, engine.url)
+    reader = remote_store(tmp_path / "reader", engine.write_url, engine.url)
+    tag = f"f{time.time_ns()}"
+    now = int(time.time()) * 1000
+    writer.write([Sample(k, now - 1000, 1.0) for k in gpu_keys(tag)])
+    reader.watch(["gpu_power_watts"], wants=lambda k: k.label("cluster") == tag)
+    block = eventually(lambda: len(reader.read_new(None, now - 60_000)[1]), "the writer's samples")
+    assert block == len(gpu_keys(tag))
+    writer.close()
+    reader.close()
