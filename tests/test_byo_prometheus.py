@@ -140,8 +140,13 @@ def newest_scrape(prom: str) -> float:
     return float(q["data"]["result"][0]["value"][1])
 
 
+#: Series that exist only for a latency window that held requests (quantiles, and the
+#: window's request count): two readers at other moments need not see the same windows.
+PER_WINDOW = ("workload_latency", "workload_window_requests")
+
+
 def steady(series: dict[SeriesKey, Any]) -> set[SeriesKey]:
-    return {k for k in series if not k.metric.startswith("workload_latency")}
+    return {k for k in series if not k.metric.startswith(PER_WINDOW)}
 
 
 def stored(
@@ -184,9 +189,9 @@ def same_as_scraping(info: FleetInfo, prom: str, tmp_path: Path) -> None:
     byo, ref = stored(byo_store), stored(ref_store)
 
     # The same canonical series as scraping the exporters, for every simulated GPU.
-    # Latency quantiles exist only for a window that held requests, which two readers
-    # reading at other moments need not share: the rest must be equal, and every quantile
-    # belong to a window read.
+    # Latency quantiles and window counts exist only for a window that held requests, which
+    # two readers reading at other moments need not share: the rest must be equal, and every
+    # quantile belong to a window read.
     plain_byo, plain_ref = steady(byo), steady(ref)
     only_byo = sorted(k.text for k in plain_byo - plain_ref)
     only_ref = sorted(k.text for k in plain_ref - plain_byo)
