@@ -173,10 +173,16 @@ def leaders(fleet: Fleet, names: tuple[str, ...]) -> list[str]:
 
 
 def engine_samples(engine: EngineProcess) -> float:
-    query = 'sum(count_over_time({__name__=~".+"}[1d]))'
-    answer = httpx.post(engine.url + "/api/v1/query", data={"query": query}, timeout=60).json()
-    result = answer["data"]["result"]
-    return float(result[0]["value"][1]) if result else 0.0
+    """Every sample the engine holds, counted there metric by metric (``count_over_time``
+    drops the name, so one query over every metric would join series of different names)."""
+    with httpx.Client(base_url=engine.url, timeout=60) as client:
+        names = client.get("/api/v1/label/__name__/values").json()["data"]
+        total = 0.0
+        for name in names:
+            query = f'sum(count_over_time({{__name__="{name}"}}[1d]))'
+            result = client.post("/api/v1/query", data={"query": query}).json()["data"]["result"]
+            total += float(result[0]["value"][1]) if result else 0.0
+        return total
 
 
 def open_incidents(url: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
