@@ -166,6 +166,12 @@ class PostgresBackend:
             )
 
     def prepare_partitions(self, conn: Connection, first_ms: int, last_ms: int) -> None:
+        # Processes starting together (detector shards, collectors) would race to create
+        # the same partition, and IF NOT EXISTS does not cover that race: one at a time.
+        conn.execute(text(
+            "SELECT pg_advisory_xact_lock(hashtextextended('hbmwatch partitions:' "
+            "|| current_schema(), 0))"
+        ))  # fmt: skip
         existing = {
             row[0]
             for row in conn.execute(
