@@ -198,9 +198,12 @@ async def run(settings: Settings) -> None:
     delivering = settings.alerts.enabled and bool(settings.alerts.receivers)
     status = ServiceStatus(collector_interval_seconds=settings.collector.interval_seconds)
     alerting: Alerting | None = None
+    leader: AlertLeader | None = None
 
-    def alerting_for_api() -> Alerting:  # the service's engine, or one made at first use
+    def alerting_for_api() -> Alerting:  # the service's (or leader's) engine, else one made
         nonlocal alerting
+        if leader is not None and leader.alerting is not None:
+            return leader.alerting
         if alerting is None:
             alerting = Alerting(store, settings.alerts)
             alerting.start()
