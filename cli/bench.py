@@ -372,3 +372,92 @@ def staged_progress() -> Iterator[Callable[[str, int, int], None]]:
             bar.update(tasks[stage], completed=done)
 
         yield progress
+
+
+@bench_app.command("scale")
+def bench_scale(
+    gpus: Annotated[int, typer.Option(help="Simulated fleet (a multiple of 8).")] = 256,
+    seconds: Annotated[float, typer.Option(min=1, help="Measured span of each phase, s.")] = 60,
+    interval: Annotated[float, typer.Option(help="Scrape interval, s (all phases).")] = 1.0,
+    warmup: Annotated[
+        float, typer.Option(min=0, help="Seconds each phase runs before its span is measured.")
+    ] = 10.0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
+) -> None:
+    """Samples/s and CPU-s per 1M samples: 1 and 2 collectors into VictoriaMetrics, and
+    Prometheus scraping the same fleet (the baseline), one phase after another."""
+    from hbmwatch.bench import benchmarks
+    from hbmwatch.bench.scale import ScaleSpec
+    from hbmwatch.bench.scale import bench_scale as run_bench
+
+    if gpus < 8 or gpus % 8 or not 0 < interval <= 60:
+        console.print(
+            "[red]error:[/red] --gpus must be a positive multiple of 8, --interval in (0, 60] s"
+        )
+        raise typer.Exit(2)
+    log.configure("warning")
+    spec = ScaleSpec(gpus=gpus, seconds=seconds, interval_s=interval, warmup_s=warmup)
+    console.print(
+        f"[bold]hbmwatch bench scale[/bold] on {benchmarks.machine()}: {gpus} GPUs at "
+        f"{interval:g} s; three phases of {warmup:g} s warm-up + {seconds:g} s measured"
+    )
+    with staged_progress() as progress:
+        report = run_bench(spec, progress=progress)
+    _print_scale_report(report)
+    benchmarks.write_json(report, json_out)
+    if any(not p.get("all_counted", True) for p in report["phases"]):
+        raise typer.Exit(1)
+
+
+def _print_scale_report(report: dict[str, Any]) -> None:
+    table = Table(
+        title=f"hbmwatch bench scale ({report['gpus']} GPUs, {report['targets']} targets at "
+        f"{report['interval_s']:g} s, {report['seconds']:g} s measured a phase)"
+    )
+    for col in ("phase", "samples", "samples/s", "rounds kept", "CPU s collectors",
+                "CPU s engine", "CPU s / 1M: collectors", "engine", "total", "vs Prometheus",
+                "fleet CPU s"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for p in report["phases"]:
+        cpu, per = p["cpu_s"], p["cpu_per_million"]
+        ratio = p.get("ratio_to_prometheus")
+        table.add_row(
+            f"{p['name']}  {p['title']}", f"{p['samples']:,.0f}",
+            f"{p['samples_per_second']:,.0f}", f"{p['rounds_kept']:.1%}",
+            f"{cpu['collector']:.1f}" if "collector" in cpu else "-", f"{cpu['engine']:.1f}",
+            f"{per['collector']:.1f}" if per["collector"] is not None else "-",
+            f"{per['engine']:.1f}", f"{per['total']:.1f}",
+            f"{ratio:.2f}x" if ratio is not None else "-", f"{cpu['fleet']:.1f}",
+        )  # fmt: skip
+    Console(width=180).print(table)
+    for p in report["phases"]:
+        _print_checks(p, report["targets"])
+    for item in report["skipped"]:
+        console.print(f"skipped {item['phase']} ({item['title']}): {item['why']}")
+
+
+def _print_checks(p: dict[str, Any], targets: int) -> None:
+    """The honesty lines under the table: written against counted, the shards' partition."""
+    if "page_samples" in p:
+        console.print(
+            f"{p['name']}: prometheus_tsdb_head_samples_appended_total rose "
+            f"{p['samples']:,.0f} in the span, {p['page_samples']:,.0f} of them from the "
+            "pages (the rest: up and scrape_* series)"
+        )
+    if "written" not in p:
+        return
+    verdict = (
+        "[green]all counted[/green]"
+        if p["all_counted"]
+        else "[bold red]MISMATCH: samples written but not counted[/bold red]"
+    )
+    console.print(
+        f"{p['name']}: the collectors wrote {p['written']:,} samples in all, VictoriaMetrics "
+        f"counts {p['stored']:,}: {verdict}"
+    )
+    if not p["shards_partition"]:
+        console.print(
+            f"[bold red]{p['name']}: the collectors scraped {p['targets_scraped']} targets of "
+            f"{targets}: the shards do not partition the fleet (collector.shard ignored?)"
+            "[/bold red]"
+        )

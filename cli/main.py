@@ -20,6 +20,7 @@ from hbmwatch.cli import alerts as cli_alerts
 from hbmwatch.cli import bench as cli_bench
 from hbmwatch.runtime import preflight
 from hbmwatch.settings import DetectionSettings, Settings, load_settings
+from hbmwatch.sharding import Shard
 from hbmwatch.validation import HbmwatchError
 
 app = typer.Typer(
@@ -172,11 +173,24 @@ def collect(
     seconds: Annotated[
         float | None, typer.Option(help="Stop after this many seconds (default: run until ^C).")
     ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="i/N (0-based): scrape only the targets whose URL hashes to shard i of N "
+            "(collector.shard)."
+        ),
+    ] = None,
 ) -> None:
     """Run the collector alone: scrape the configured targets into the store."""
     settings = _settings(config)
     if targets is not None:
         settings.collector.target_file = str(targets)
+    if shard is not None:
+        try:
+            settings.collector.shard = str(Shard.parse(shard))
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] --shard: {exc}")
+            raise typer.Exit(2) from None
     if not settings.collector.configured:
         console.print(
             "[red]error:[/red] no targets configured: set collector.targets, "

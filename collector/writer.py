@@ -48,14 +48,25 @@ class Flushed:
 
 
 class SpoolingWriter:
-    """Order is kept: while anything waits in the spool, new batches queue behind it."""
+    """Order is kept: while anything waits in the spool, new batches queue behind it.
+
+    After a failed attempt the store is tried again ``retry_seconds`` later; with
+    ``retry_max_seconds`` the wait doubles after each further failure up to that bound (a
+    remote-write receiver that is down is not hammered), and is reset by a success.
+    """
 
     def __init__(
-        self, write: Callable[[list[Sample]], WriteResult], spool: Spool, retry_seconds: float = 2.0
+        self,
+        write: Callable[[list[Sample]], WriteResult],
+        spool: Spool,
+        retry_seconds: float = 2.0,
+        retry_max_seconds: float | None = None,
     ) -> None:
         self._write = write
         self.spool = spool
         self.retry_seconds = retry_seconds
+        self.retry_max_seconds = retry_max_seconds or retry_seconds
+        self._delay = retry_seconds
         self._lock = threading.Lock()
         self._last_attempt = -float("inf")
         self._failing = False  # the last store attempt failed: wait retry_seconds
@@ -71,15 +82,15 @@ class SpoolingWriter:
             done = Flushed(samples=len(samples))
             if self.spool.pending():
                 waited = time.monotonic() - self._last_attempt
-                if self._failing and waited < self.retry_seconds:
+                if self._failing and waited < self._delay:
                     return self._spooled(samples, seq, done)
                 self._last_attempt = time.monotonic()
                 try:  # once the store answers, every batch drains what is spooled ahead of it
                     done.replayed = self.spool.replay(self._write, before=seq)
                 except StoreUnavailable:
-                    self._failing = True
+                    self._failed()
                     return self._spooled(samples, seq, done)
-                self._failing = False
+                self._succeeded()
                 if done.replayed:
                     logger.info("store is back; spool replayed", samples=done.replayed)
             try:
@@ -88,12 +99,21 @@ class SpoolingWriter:
                 if not self.spool.pending():
                     logger.warning("store unavailable; spooling", error=str(exc))
                 self._last_attempt = time.monotonic()
-                self._failing = True
+                self._failed()
                 return self._spooled(samples, seq, done)
-            self._failing = False
+            self._succeeded()
             self.last_result = result
             done.accepted, done.rejected = result.accepted, result.rejected_total
             return done
+
+    def _failed(self) -> None:
+        if self._failing:
+            self._delay = min(self._delay * 2, self.retry_max_seconds)
+        self._failing = True
+
+    def _succeeded(self) -> None:
+        self._failing = False
+        self._delay = self.retry_seconds
 
     def _spooled(self, samples: list[Sample], seq: int | None, done: Flushed) -> Flushed:
         self.spool.append(samples, seq)

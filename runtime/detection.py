@@ -85,7 +85,8 @@ class DetectionRunner:
         self.detectors = list(detectors)
         self.shard = shard
         self.state_suffix = state_suffix
-        self.shared = shared
+        # A store with no feed in memory (samples on a remote engine) is read back by time.
+        self.shared = shared or not isinstance(getattr(store, "feed", None), RecentSamples)
         self._owned = np.zeros(0, dtype=np.int8)  # per series id: 0 unknown, 1 mine, 2 not
         self.step_ms = int(step_seconds * 1000)
         self.settle_ms = int(settle_seconds * 1000)

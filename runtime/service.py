@@ -165,14 +165,15 @@ def build_collector(
     registry: CollectorRegistry | None = None,
 ) -> ScrapeEngine:
     """The collector wired to the store: spool, batching sink, targets, inventory."""
-    c = settings.collector
+    c, remote = settings.collector, settings.store.remote
     spool = Spool(Path(c.spool_dir), c.spool_max_bytes, registry)
-    sink = BatchingSink(
-        SpoolingWriter(store.write, spool),
-        c.flush_samples,
-        c.flush_seconds,
-        drain_seconds=DRAIN_SECONDS,
-    )
+    if remote.enabled:  # one batch, one remote-write request; back off while it is down
+        writer = SpoolingWriter(store.write, spool, remote.retry_min_seconds,
+                                remote.retry_max_seconds)  # fmt: skip
+        batch = min(c.flush_samples, remote.max_samples_per_request)
+    else:
+        writer, batch = SpoolingWriter(store.write, spool), c.flush_samples
+    sink = BatchingSink(writer, batch, c.flush_seconds, drain_seconds=DRAIN_SECONDS)
     return ScrapeEngine(
         TargetSet(c, extra),
         sink,
@@ -225,9 +226,12 @@ async def run(settings: Settings) -> None:
         extra = simulator_targets(sim_targets, settings)
     collector = build_collector(settings, store, extra, registry)
     status.collector_last_round_ms = lambda: collector.last_round_ms
+    owned = collector.current_targets()
     logger.info(
         "collector starting",
-        targets=len(collector.targets.current()),
+        shard=str(collector.targets.shard),
+        targets=len(owned),
+        targets_total=collector.targets.total,
         local_sources=len(collector.local_sources),
     )
     stop_on_signals(stop)
@@ -383,7 +387,13 @@ async def collect(
                 reports = await collector.scrape_round()
             await collector.sink.flush()
             return reports
-        logger.info("collector starting", targets=len(collector.targets.current()))
+        owned = collector.current_targets()
+        logger.info(
+            "collector starting",
+            shard=str(collector.targets.shard),
+            targets=len(owned),
+            targets_total=collector.targets.total,
+        )
         stop_on_signals(stop)
         with exits_on_fatal():
             async with asyncio.TaskGroup() as group:
@@ -394,6 +404,7 @@ async def collect(
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), seconds)
                     stop.set()
+        _log_totals(collector, "collector stopped")
         return []
     finally:
         stop.set()
@@ -407,17 +418,22 @@ async def _report_progress(
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every)
-        t = collector.sink.totals
-        down = [s.target.url for s in collector.states if s.up is False]
-        logger.info(
-            "collector progress",
-            written=t.accepted,
-            rejected=t.rejected,
-            spooled=t.spooled,
-            replayed=t.replayed,
-            targets=len(collector.states),
-            down=len(down),
-        )
+        _log_totals(collector, "collector progress")
+
+
+def _log_totals(collector: ScrapeEngine, event: str) -> None:
+    """What the collector has written so far (``bench scale`` checks it against the engine)."""
+    t = collector.sink.totals
+    down = [s.target.url for s in collector.states if s.up is False]
+    logger.info(
+        event,
+        written=t.accepted,
+        rejected=t.rejected,
+        spooled=t.spooled,
+        replayed=t.replayed,
+        targets=len(collector.states),
+        down=len(down),
+    )
 
 
 async def detect_only(settings: Settings, metrics_port: int | None = None) -> None:

@@ -60,6 +60,9 @@ class Store(Writing, Compaction, Watching, Queries):
 
     Every public method raises ``StoreUnavailable`` when the database cannot answer."""
 
+    #: Minute and hour tiers that long-range reads may use (``RemoteStore`` has none).
+    has_tiers = True
+
     def __init__(
         self,
         engine: Engine,
@@ -156,7 +159,8 @@ def open_store(
     clock: Callable[[], float] = time.time,
     registry: CollectorRegistry | None = None,
 ) -> Store:
-    """Connect to the configured database (already migrated) and load the series registry."""
+    """Connect to the configured database (already migrated) and load the series registry;
+    with ``store.remote`` set, a ``RemoteStore`` whose samples live on that engine."""
     from hbmwatch.store.migrate import current_revision, head_revision
 
     engine = create_store_engine(
@@ -171,8 +175,13 @@ def open_store(
             f"the database schema is at {revision or 'nothing'}, not {head}: run hbmwatch migrate",
             revision=revision,
         )
-    store = Store(engine, settings, clock=clock, registry=registry)
+    if settings.remote.enabled:
+        from hbmwatch.store.remote import RemoteStore
+
+        store: Store = RemoteStore(engine, settings, clock=clock, registry=registry)
+    else:
+        store = Store(engine, settings, clock=clock, registry=registry)
     store.series_registry.refresh()
-    if store.backend.name == "postgresql":
+    if store.backend.name == "postgresql" and store.has_tiers:  # a RemoteStore has no samples
         store.prepare_partitions()
     return store

@@ -147,6 +147,11 @@ async def _answer(request: Request, work: Callable[[], str]) -> Response:
 def _tier(request: Request, params: dict[str, list[str]], tree: Any, grid: Grid) -> str:
     """``resolution=raw|1m|1h`` where the caller asks (an hbmwatch extension), else chosen."""
     asked = _one(params, "resolution") or "auto"
+    if not request.app.state.store.has_tiers:  # samples on a remote engine: raw only
+        if asked not in ("auto", "raw"):
+            raise BadQuery(f'invalid parameter "resolution": {asked!r}: the samples are on a '
+                           "remote engine, which hbmwatch reads raw")  # fmt: skip
+        return "raw"
     if asked == "auto":
         span = request.app.state.settings.api.promql_raw_max_span_seconds
         return resolution.choose(tree, grid, int(span * 1000))
