@@ -184,7 +184,8 @@ def _first_error(exc: ValueError) -> str:
     errors = getattr(exc, "errors", None)
     if callable(errors):
         first = errors()[0]
-        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        return f"{'.'.join(str(p) for p in first['loc'])}: {msg}"
     return str(exc)
 
 
