@@ -52,6 +52,7 @@ class Alerting:
         # Silences may come from elsewhere (the CLI, another replica): the store decides.
         silences = self.store.alerts.silences(ends_after_ms=now - 3_600_000)
         with self._lock:
+            self._adopt_actions(now)
             self.engine.silences = {s.id: s for s in silences}
             changes = self.engine.apply(findings, now)
             self._save(changes)
@@ -78,6 +79,22 @@ class Alerting:
             if len(inc.timeline) and inc.timeline[-1].kind in ("opened", "resolved", "reopened"):
                 logger.info(f"incident {inc.timeline[-1].kind}", id=inc.id, title=inc.title,
                             severity=inc.severity.value, alerts=len(inc.alerts))  # fmt: skip
+
+    def _adopt_actions(self, now_ms: int) -> None:
+        """Take the acknowledgements and resolutions another process saved since.
+
+        Past one machine the API that a person acts through (``hbmwatch serve``, an ``up``
+        that does not lead) saves them with an engine of its own; only the alert leader
+        builds incidents, so a stored incident newer than the leader's copy holds a
+        person's action, and the leader carries it on instead of writing over it."""
+        held = self.engine.incidents
+        if not held:
+            return
+        horizon = now_ms - int(self.settings.group_seconds * 1000)
+        for stored in self.store.alerts.incidents(since_ms=horizon):
+            mine = held.get(stored.id)
+            if mine is not None and stored.updated_ms > mine.updated_ms:
+                held[stored.id] = stored
 
     # -- people's actions ---------------------------------------------------------------
     def add_silence(

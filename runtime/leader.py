@@ -9,7 +9,7 @@ already took) and runs the dispatcher.  When the leader dies its lock goes with 
 connection; the next candidate resumes from the saved cursor.  What the dead leader sent
 but had not yet recorded is sent again: Alertmanager de-duplicates it (the same labels are
 the same alert), so on-call is paged once.  A webhook receiver has no such de-duplication:
-behind a leader change it may get a notification twice (docs/scale-detection.md).
+behind a leader change it may get a notification twice (docs/scale.md).
 """
 
 from __future__ import annotations

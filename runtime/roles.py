@@ -9,7 +9,7 @@ a GPU with every peer of its SKU, latency finds a workload's peers on other rack
 cause ranks a regression against the thermal findings and GPU context of the whole fleet,
 and throttling pages at once when a regression latency found is open on its GPU.  They run
 in one runner over every series (``fleet_wide``: beside shard 0's racks by default), so N
-shards give the single process' answer (docs/scale-detection.md).
+shards give the single process' answer (docs/scale.md).
 """
 
 from __future__ import annotations

@@ -96,3 +96,24 @@ def test_silences_and_acknowledgements_are_stored(store: Store, clock: Clock) ->
                           ends_ms=ms(clock) + 10, created_by="a", comment="")  # fmt: skip
     with pytest.raises(KeyError):
         again.acknowledge("inc-missing", "a")
+
+
+def test_the_leader_carries_on_what_a_person_did_through_another_process(
+    store: Store, clock: Clock
+) -> None:
+    """An acknowledgement saved by an API that does not lead (its own engine) is not written
+    over by the leader's next change to the incident."""
+    leader = alerting(store)
+    f = stated(clock, FindingKind.THERMAL_EXCURSION, gpu("r0", "n1", 0))
+    leader.process([f])
+    (inc,) = store.alerts.incidents()
+    clock.advance(2)
+    api = alerting(store)  # hbmwatch serve: an engine of its own over the same store
+    api.acknowledge(inc.id, "alice", "on it")
+    clock.advance(2)
+    g = stated(clock, FindingKind.THERMAL_EXCURSION, gpu("r0", "n1", 1))
+    leader.process([f, g])  # another GPU joins the incident: the leader writes it
+    stored = store.alerts.incident(inc.id)
+    assert stored is not None and len(stored.alerts) == 2
+    assert stored.state is IncidentState.ACKNOWLEDGED and stored.acknowledged_by == "alice"
+    assert [e.kind for e in stored.timeline].count("acknowledged") == 1
