@@ -455,6 +455,11 @@ def _print_checks(p: dict[str, Any], targets: int) -> None:
         f"{p['name']}: the collectors wrote {p['written']:,} samples in all, VictoriaMetrics "
         f"counts {p['stored']:,}: {verdict}"
     )
+    if p["spooled"]:
+        console.print(
+            f"{p['name']}: [yellow]the writer fell behind[/yellow]: {p['spooled']:,} samples "
+            f"went through the disk spool, {p['left_in_spool']:,} still there at the stop"
+        )
     if not p["shards_partition"]:
         console.print(
             f"[bold red]{p['name']}: the collectors scraped {p['targets_scraped']} targets of "
