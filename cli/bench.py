@@ -376,7 +376,7 @@ def staged_progress() -> Iterator[Callable[[str, int, int], None]]:
 
 @bench_app.command("scale")
 def bench_scale(
-    gpus: Annotated[int, typer.Option(help="Simulated fleet (a multiple of 8).")] = 256,
+    gpus: Annotated[int, typer.Option(help="Simulated fleet (a multiple of 8).")] = 128,
     seconds: Annotated[float, typer.Option(min=1, help="Measured span of each phase, s.")] = 60,
     interval: Annotated[float, typer.Option(help="Scrape interval, s (all phases).")] = 1.0,
     warmup: Annotated[
