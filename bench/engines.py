@@ -137,8 +137,9 @@ class EngineProcess:
 class VictoriaMetrics(EngineProcess):
     """Single-node VictoriaMetrics; remote-write at ``write_url``, Prometheus API at ``url``.
 
-    Samples show in queries at once (``-search.latencyOffset=0s``; its default hides the
-    newest 30 s) and the scrape config, when given, makes it scrape like Prometheus.
+    Instant queries see the newest samples (``-search.latencyOffset=0s``; its default hides
+    the newest 30 s from them) and the scrape config, when given, makes it scrape like
+    Prometheus.
     """
 
     def __init__(

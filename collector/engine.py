@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge as PromGauge
 
 from hbmwatch import log
 from hbmwatch.collector.limits import LimitExceeded
@@ -103,6 +104,16 @@ class ScrapeEngine:
         self.late_scrapes = PromCounter(
             "hbmwatch_collector_late_scrapes",
             f"Scrapes that started more than {TIMESTAMP_TOLERANCE_MS} ms after their tick.",
+            registry=registry,
+        )
+        self.targets_owned = PromGauge(
+            "hbmwatch_collector_targets_owned",
+            "Targets this collector scrapes: those of its shard (collector.shard).",
+            registry=registry,
+        )
+        self.targets_total = PromGauge(
+            "hbmwatch_collector_targets_total",
+            "Targets configured, all shards together.",
             registry=registry,
         )
         #: Newest scrape completion (ms): readiness reads it; ``run`` and rounds keep it.
@@ -256,7 +267,7 @@ class ScrapeEngine:
         scrape, so a stepped clock honours per-target intervals as ``run`` does.
         """
         ts = self.now_ms() if ts_ms is None else ts_ms
-        targets = self.targets.current()
+        targets = self.current_targets()
         if due_only:
             targets = [t for t in targets if self._due(t, ts)]
         for t in targets:
@@ -265,6 +276,13 @@ class ScrapeEngine:
         self._collect_local(ts)
         self.last_round_ms = ts
         return reports
+
+    def current_targets(self) -> list[Target]:
+        """This shard's targets now; the gauges follow them."""
+        targets = self.targets.current()
+        self.targets_owned.set(len(targets))
+        self.targets_total.set(self.targets.total)
+        return targets
 
     def _due(self, target: Target, ts_ms: int) -> bool:
         last = self.state(target).last_scrape_ms
@@ -289,7 +307,7 @@ class ScrapeEngine:
             local = asyncio.create_task(self._local_loop(stop))
             try:
                 while not stop.is_set():
-                    current = {t.id: t for t in self.targets.current()}
+                    current = {t.id: t for t in self.current_targets()}
                     for target_id in set(tasks) - set(current):
                         tasks.pop(target_id).cancel()
                     for target_id, target in current.items():

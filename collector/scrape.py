@@ -21,6 +21,7 @@ import httpx
 from hbmwatch.collector.limits import check_sample_limit, drop_long_labels
 from hbmwatch.collector.sources.dcgm import DcgmTranslator
 from hbmwatch.collector.sources.dme import DmeTranslator
+from hbmwatch.collector.sources.federated import SOURCES, FederatedTranslator
 from hbmwatch.collector.sources.inference import InferenceTranslator
 from hbmwatch.collector.sources.mapped import MappedTranslator, load_mapping
 from hbmwatch.collector.targets import Target
@@ -44,6 +45,14 @@ def translator_for(target: Target, settings: CollectorSettings) -> Any:
         return DmeTranslator(labels, series_cap=cap)
     if target.kind == "dcgm":
         return DcgmTranslator(labels, series_cap=cap)
+    if target.kind == "prometheus":
+        return FederatedTranslator(
+            labels,
+            sources=target.sources or SOURCES,
+            host_label=target.host_label,
+            window_seconds=window,
+            series_cap=cap,
+        )
     if target.kind == "mapped":
         assert target.mapping is not None
         mapping = load_mapping(Path(target.mapping))
@@ -132,8 +141,10 @@ async def collect(
         await asyncio.wait([state.parsing])  # not thread-safe, so wait for it to finish
         state.parsing = None
     target = state.target
+    request = getattr(state.translator, "request", None)  # a prometheus target's /federate
+    url, params = request(target.url) if request else (target.url, None)
     text = await within_deadline(
-        fetch(client, target, settings.max_page_bytes), target.timeout_seconds
+        fetch(client, url, settings.max_page_bytes, params), target.timeout_seconds
     )
     if len(text) < OFFLOAD_BYTES:
         return translate(state, text, ts_ms, settings)
@@ -156,9 +167,11 @@ def translate(state: TargetState, text: str, ts_ms: int, settings: CollectorSett
     return collected
 
 
-async def fetch(client: httpx.AsyncClient, target: Target, limit: int) -> str:
+async def fetch(
+    client: httpx.AsyncClient, url: str, limit: int, params: list[tuple[str, str]] | None = None
+) -> str:
     # No per-read timeout: the scrape's deadline bounds the whole fetch (engine.py).
-    async with client.stream("GET", target.url, timeout=None) as r:
+    async with client.stream("GET", url, params=params, timeout=None) as r:
         if r.status_code != 200:
             raise PageError(f"HTTP {r.status_code}", "http_status")
         chunks, size = [], 0

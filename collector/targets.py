@@ -9,6 +9,11 @@ A target file is JSON (a list) or TOML (``[[targets]]``) of entries like the set
 
 (the simulator's ``/targets`` answer is such a list).  A file that fails to parse keeps the
 previous targets and says why in the log; the collector never stops over it.
+
+With ``collector.shard = "i/N"`` a collector keeps only the targets whose URL hashes to
+shard i (``hbmwatch.sharding``, Prometheus' ``hashmod``).  The filter runs on every
+``current()``, so a re-read target file re-balances too, and nothing is remembered: a
+restart with another N re-balances at once.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from hbmwatch import log
 from hbmwatch.settings import CollectorSettings, TargetSettings
+from hbmwatch.sharding import Shard
 from hbmwatch.validation import ConfigError
 
 logger = log.get("hbmwatch.collector")
@@ -37,6 +43,9 @@ class Target:
     interval_seconds: float = 1.0
     timeout_seconds: float = 0.0  # 0: default_timeout(interval_seconds)
     mapping: str | None = None
+    #: kind = prometheus: whose series to read back, and the label naming the host.
+    sources: tuple[str, ...] = field(default=(), hash=False, compare=False)
+    host_label: str | None = field(default=None, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.timeout_seconds <= 0:
@@ -63,7 +72,17 @@ def resolve(entry: TargetSettings, defaults: CollectorSettings) -> Target:
     timeout = entry.timeout_seconds or defaults.timeout_seconds or default_timeout(interval)
     if entry.kind == "mapped" and not entry.mapping:
         raise ConfigError(f"target {entry.url}: kind mapped needs a mapping file", field="mapping")
-    return Target(entry.kind, entry.url, dict(entry.labels), interval, timeout, entry.mapping)
+    sources = tuple(entry.sources or ())
+    return Target(
+        entry.kind,
+        entry.url,
+        dict(entry.labels),
+        interval,
+        timeout,
+        entry.mapping,
+        sources,
+        entry.host_label,
+    )
 
 
 def read_config_text(path: Path, field: str) -> str:
@@ -105,10 +124,14 @@ def parse_target_file(path: Path) -> list[TargetSettings]:
 
 
 class TargetSet:
-    """The current targets: configured ones plus the file's, reloaded on change."""
+    """The current targets: configured ones plus the file's, reloaded on change, less those
+    of other shards."""
 
     def __init__(self, settings: CollectorSettings, extra: list[Target] | None = None) -> None:
         self.settings = settings
+        self.shard = Shard.parse(settings.shard)
+        #: Targets before the shard's filter, at the last ``current()``.
+        self.total = 0
         self._static = [resolve(t, settings) for t in settings.targets] + list(extra or [])
         self._file = Path(settings.target_file) if settings.target_file else None
         self._file_stamp: tuple[float, int] | None = None
@@ -121,7 +144,8 @@ class TargetSet:
         seen: dict[str, Target] = {}
         for target in self._static + self._from_file:
             seen.setdefault(target.id, target)
-        return list(seen.values())
+        self.total = len(seen)
+        return [t for t in seen.values() if self.shard.owns(t.url)]
 
     def _reload(self) -> None:
         assert self._file is not None
@@ -141,7 +165,14 @@ class TargetSet:
         try:
             self._from_file = [resolve(t, self.settings) for t in parse_target_file(self._file)]
             self.last_error = None
-            logger.info("target file loaded", path=str(self._file), targets=len(self._from_file))
+            owned = sum(self.shard.owns(t.url) for t in self._from_file)
+            logger.info(
+                "target file loaded",
+                path=str(self._file),
+                targets=len(self._from_file),
+                shard=str(self.shard),
+                owned=owned,
+            )
         except ConfigError as exc:
             self.last_error = str(exc)
             logger.error("target file not loaded; keeping the last targets", error=str(exc))

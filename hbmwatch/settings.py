@@ -74,13 +74,6 @@ class RemoteSettings(_Section):
     max_samples_per_request: int = Field(5_000, gt=0, le=1_000_000)
     retry_min_seconds: float = Field(0.5, gt=0, description="First retry after a 5xx or refusal.")
     retry_max_seconds: float = Field(30.0, gt=0, description="Backoff doubles up to this.")
-    read_lag_seconds: float = Field(
-        30.0,
-        ge=0,
-        le=3600,
-        description="Engines show samples some time after they are written (VictoriaMetrics: "
-        "-search.latencyOffset); each detection read looks back this much further.",
-    )
 
     @property
     def enabled(self) -> bool:
@@ -205,7 +198,10 @@ class ApiSettings(_Section):
     )
 
 
-TargetKind = Literal["dme", "dcgm", "vllm", "sglang", "tgi", "triton", "training", "mapped"]
+TargetKind = Literal[
+    "dme", "dcgm", "vllm", "sglang", "tgi", "triton", "training", "mapped", "prometheus"
+]
+FederatedSource = Literal["dcgm", "dme", "inference"]
 LocalSource = Literal["nvml", "amdsmi", "amdsmi-library", "nvidia-smi"]
 
 
@@ -220,6 +216,22 @@ class TargetSettings(BaseModel):
     interval_seconds: float | None = Field(None, gt=0, le=3600)
     timeout_seconds: float | None = Field(None, gt=0, le=600)
     mapping: str | None = Field(None, description="Mapping file (TOML) for kind = mapped.")
+    sources: list[FederatedSource] | None = Field(
+        None,
+        description="For kind = prometheus: whose series to read back (default: all three).",
+    )
+    host_label: str | None = Field(
+        None,
+        pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$",
+        description="For kind = prometheus: the series label naming the host (default: "
+        "Hostname or hostname, else the host part of instance).",
+    )
+
+    @model_validator(mode="after")
+    def _prometheus_only(self) -> TargetSettings:
+        if self.kind != "prometheus" and (self.sources is not None or self.host_label):
+            raise ValueError("sources and host_label are for kind = prometheus only")
+        return self
 
 
 class CollectorSettings(_Section):
@@ -310,6 +322,13 @@ class DetectionSettings(_Section):
         description="i/N (0-based): run the per-rack detectors on the GPUs and workloads whose "
         "cluster/rack hash to shard i of N; every detector process of one fleet is given the "
         "same N.",
+    )
+    fleet_wide: Literal["auto", "also", "only", "off"] = Field(
+        "auto",
+        description="Where the fleet-wide detectors run (thermal with its cross-rack heat "
+        "scope, throttling, latency, outliers per SKU, root cause), over every series: `auto` "
+        "beside the racks of shard 0 (or of the whole), `also` beside this process' racks, `only` here "
+        "and no racks, `off` not here.",
     )
     _shard_form = field_validator("shard")(_shard)
 

@@ -15,18 +15,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from hbmwatch import log
 from hbmwatch.detectors.base import Detector
 from hbmwatch.detectors.frame import Frame
 from hbmwatch.detectors.frame_builder import FrameBuilder
 from hbmwatch.detectors.signals import WATCHED_METRICS, route
-from hbmwatch.records import Finding
+from hbmwatch.records import Finding, SeriesKey
+from hbmwatch.sharding import Shard
 from hbmwatch.store.feed import RecentSamples, SampleBlock
 from hbmwatch.store.store import Store, StoreUnavailable
 
 logger = log.get("hbmwatch.runtime.detection")
 STATE_PREFIX = "detector:"
 RUNNER_STATE = "detection:runner"
+WHOLE = Shard()
+
+
+def partition_key(label: Callable[[str], str | None]) -> str:
+    """What detector shards split by: a series' or finding's ``cluster/rack``.
+
+    Every series carries its target's cluster and rack (the collector adds them), so a
+    GPU's, its workloads' and its exporter's series all land in one shard.
+    """
+    return f"{label('cluster') or ''}/{label('rack') or ''}"
 
 
 @dataclass
@@ -60,9 +73,21 @@ class DetectionRunner:
         state_every_seconds: float = 60.0,
         context: Any = None,
         clock: Callable[[], float] | None = None,
+        shard: Shard = WHOLE,
+        state_suffix: str = "",
+        shared: bool = False,
     ) -> None:
+        """``shard``: the racks this runner reads (by the hash of cluster/rack); the state
+        of a runner with a ``state_suffix`` is kept apart from other runners' over the same
+        store; ``shared``: other processes write the samples, so every cycle reads them back
+        from the store by time rather than from this process' in-memory feed."""
         self.store = store
         self.detectors = list(detectors)
+        self.shard = shard
+        self.state_suffix = state_suffix
+        # A store with no feed in memory (samples on a remote engine) is read back by time.
+        self.shared = shared or not isinstance(getattr(store, "feed", None), RecentSamples)
+        self._owned = np.zeros(0, dtype=np.int8)  # per series id: 0 unknown, 1 mine, 2 not
         self.step_ms = int(step_seconds * 1000)
         self.settle_ms = int(settle_seconds * 1000)
         self.backfill_ms = int(backfill_seconds * 1000)
@@ -79,16 +104,20 @@ class DetectionRunner:
         #: Findings the store could not take yet (an outage), written with the next cycle's.
         self.unsaved: dict[str, Finding] = {}
 
-    def start(self) -> None:
-        """Watch the detectors' metrics and load every detector's saved state."""
-        self.store.watch(WATCHED_METRICS, wants=lambda key: route(key) is not None)
-        runner = self.store.get_state(RUNNER_STATE) or {}
+    def start(self, watch: bool = True) -> None:
+        """Watch the detectors' metrics (unless the caller watches for several runners) and
+        load every detector's saved state and open findings."""
+        if watch:
+            self.store.watch(WATCHED_METRICS, wants=self.routed)
+        runner = self.store.get_state(RUNNER_STATE + self.state_suffix) or {}
         self.frame_end_ms = runner.get("frame_end_ms")
         for det in self.detectors:
-            state = self.store.get_state(STATE_PREFIX + det.name)
+            state = self.store.get_state(STATE_PREFIX + det.name + self.state_suffix)
             if state:
                 det.load_state_dict(state)
-        self.open = {f.id: f for f in self.store.findings.query(open_only=True, limit=5000)}
+        mine = {d.name for d in self.detectors}
+        stored = self.store.findings.query(open_only=True, limit=5000)
+        self.open = {f.id: f for f in stored if f.detector in mine and self._entity_mine(f)}
         logger.info(
             "detectors ready",
             detectors=[d.name for d in self.detectors],
@@ -96,10 +125,18 @@ class DetectionRunner:
             open_findings=len(self.open),
         )
 
+    def routed(self, key: SeriesKey) -> bool:
+        """Whether this runner reads the series: a frame needs it and its rack is ours."""
+        return route(key) is not None and self.shard.owns(partition_key(key.label))
+
+    def _entity_mine(self, f: Finding) -> bool:
+        """An open finding of another shard's rack is not this runner's to carry on."""
+        return self.shard.owns(partition_key(f.entity.get))
+
     def save_state(self) -> None:
         for det in self.detectors:
-            self.store.put_state(STATE_PREFIX + det.name, det.state_dict())
-        self.store.put_state(RUNNER_STATE, {"frame_end_ms": self.frame_end_ms})
+            self.store.put_state(STATE_PREFIX + det.name + self.state_suffix, det.state_dict())
+        self.store.put_state(RUNNER_STATE + self.state_suffix, {"frame_end_ms": self.frame_end_ms})
 
     def cycle(self, now_ms: int | None = None) -> CycleReport:
         started = time.perf_counter()
@@ -152,15 +189,36 @@ class DetectionRunner:
 
         From the store's in-memory feed in one copy when the cursor is still in it (what
         ``Store.read_new`` does, less a second copy to put the held samples in front); else
-        through ``read_new``, which reads the span back from SQL.
+        through ``read_new``, which reads the span back from SQL.  A shared runner reads
+        from the end of its last frame on every cycle: the samples are other processes'.
         """
+        if self.shared:
+            since = since_ms if self.frame_end_ms is None else self.frame_end_ms
+            cursor, block = self.store.read_new(None, since)
+            return cursor, self._mine(block)
         feed = getattr(self.store, "feed", None)
         if self.cursor is not None and isinstance(feed, RecentSamples):
             block = feed.read(self.cursor, head=self.pending)
             if block is not None:
-                return feed.next_seq, block
+                return feed.next_seq, self._mine(block)
         cursor, block = self.store.read_new(self.cursor, since_ms)
-        return cursor, SampleBlock.concat([self.pending, block])
+        return cursor, self._mine(SampleBlock.concat([self.pending, block]))
+
+    def _mine(self, block: SampleBlock) -> SampleBlock:
+        """Only this runner's series, when the store watches for several runners."""
+        if self.shard.whole or len(block) == 0:
+            return block
+        sids = block.series_ids
+        top = int(sids.max()) + 1
+        if top > len(self._owned):
+            self._owned = np.concatenate([self._owned, np.zeros(top - len(self._owned), np.int8)])
+        for sid in np.unique(sids[self._owned[sids] == 0]).tolist():
+            key = self.store.key_of(sid)
+            self._owned[sid] = 1 if key is not None and self.routed(key) else 2
+        keep = self._owned[sids] == 1
+        if keep.all():
+            return block
+        return SampleBlock(sids[keep], block.timestamps_ms[keep], block.values[keep])
 
     def _detect(self, frame: Frame, report: CycleReport) -> list[Finding]:
         """Every detector over the frame, in order, each seeing the findings open so far.

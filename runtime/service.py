@@ -28,17 +28,16 @@ from hbmwatch.collector.spool import Spool
 from hbmwatch.collector.targets import Target as CollectorTarget
 from hbmwatch.collector.targets import TargetSet, default_timeout
 from hbmwatch.collector.writer import BatchingSink, SpoolingWriter
-from hbmwatch.detectors import default_detectors
-from hbmwatch.detectors.context import Context
 from hbmwatch.records import Finding
+from hbmwatch.runtime import roles
 from hbmwatch.runtime.apiprocess import ApiProcess
-from hbmwatch.runtime.detection import DetectionRunner
+from hbmwatch.runtime.leader import AlertLeader
 from hbmwatch.runtime.supervise import exit_deadline, exits_on_fatal, stop_on_signals, supervise
 from hbmwatch.settings import DetectionSettings, Settings
 from hbmwatch.simulator.process import FleetSpec, SimProcess, SimulatorFailed
 from hbmwatch.simulator.server import Target
 from hbmwatch.status import ServiceStatus, snapshot_from_frame
-from hbmwatch.store.engine import create_store_engine
+from hbmwatch.store.engine import create_store_engine, is_sqlite
 from hbmwatch.store.guard import unavailable
 from hbmwatch.store.migrate import upgrade
 from hbmwatch.store.store import Store, StoreUnavailable, open_store
@@ -224,9 +223,12 @@ async def run(settings: Settings) -> None:
         extra = simulator_targets(sim_targets, settings)
     collector = build_collector(settings, store, extra, registry)
     status.collector_last_round_ms = lambda: collector.last_round_ms
+    owned = collector.current_targets()
     logger.info(
         "collector starting",
-        targets=len(collector.targets.current()),
+        shard=str(collector.targets.shard),
+        targets=len(owned),
+        targets_total=collector.targets.total,
         local_sources=len(collector.local_sources),
     )
     stop_on_signals(stop)
@@ -238,16 +240,20 @@ async def run(settings: Settings) -> None:
                 if sim_server is not None:
                     group.create_task(sim_server.wait(stop))
                 spawn("collector", lambda: collector.run(stop))
-                if settings.alerts.enabled:
+                inline = is_sqlite(settings.store.url)  # else one process leads, elected
+                if settings.alerts.enabled and inline:
                     alerting = Alerting(store, settings.alerts)
                     await asyncio.to_thread(alerting.start)
                     if delivering:
                         spawn("delivery", lambda: deliver(store, settings, stop, registry))
+                elif settings.alerts.enabled:
+                    leader = AlertLeader(store, settings, registry, deliver if delivering else None)
+                    spawn("alert leader", lambda: leader.run(stop))
                 if settings.detection.enabled:
                     status.detection_interval_seconds = settings.detection.interval_seconds
-                    detecting = functools.partial(
-                        detect, store, settings.detection, stop, alerting, status
-                    )
+                    sharded = not roles.plan(settings.detection).single
+                    detecting = functools.partial(detect, store, settings.detection, stop,
+                                                  alerting, status, shared=sharded)  # fmt: skip
                     spawn("detection", detecting)
                 try:  # HTTP in its own process: readers never starve ingest
                     try:
@@ -322,41 +328,40 @@ async def detect(
     stop: asyncio.Event,
     alerting: Alerting | None = None,
     status: ServiceStatus | None = None,
+    *,
+    shared: bool = False,
 ) -> None:
-    """Run the detectors every ``interval_seconds`` over the samples written since the last;
-    their findings go on to alerting in the same step."""
-    runner = DetectionRunner(
-        store,
-        default_detectors(settings),
-        step_seconds=settings.step_seconds,
-        settle_seconds=settings.settle_seconds,
-        backfill_seconds=settings.backfill_seconds,
-        context=Context(),
-    )
-    await asyncio.to_thread(runner.start)
+    """Run this process' detectors (``runtime/roles.py``) every ``interval_seconds`` over the
+    samples written since the last; their findings go on to ``alerting`` in the same step,
+    when this process alerts inline (else the alert leader reads them from the store)."""
+    runners = await asyncio.to_thread(roles.runners, store, settings, shared=shared)
     held: dict[str, Finding] = {}  # findings alerting has not taken yet (an outage)
     try:
         while not stop.is_set():
             try:
-                report = await asyncio.to_thread(runner.cycle)
+                seconds = 0.0
+                for runner in runners:
+                    report = await asyncio.to_thread(runner.cycle)
+                    seconds += report.seconds
+                    held.update((f.id, f) for f in report.findings)
                 if status is not None:
-                    frame = runner.last_frame
+                    frame = runners[-1].last_frame  # the fleet-wide one where there are two
                     snapshot = snapshot_from_frame(frame) if frame is not None else None
-                    status.record_cycle(report.seconds, snapshot)
-                held.update((f.id, f) for f in report.findings)
+                    status.record_cycle(seconds, snapshot)
                 if alerting is not None and held:
                     await asyncio.to_thread(alerting.process, list(held.values()))
                 held.clear()
-                if report.seconds > settings.interval_seconds:
+                if seconds > settings.interval_seconds:
                     logger.warning("detection cycle slower than its interval",
-                                   seconds=round(report.seconds, 2))  # fmt: skip
+                                   seconds=round(seconds, 2))  # fmt: skip
             except StoreUnavailable as exc:
                 logger.warning("detection skipped: store unavailable", error=str(exc))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), settings.interval_seconds)
     finally:
         with contextlib.suppress(StoreUnavailable):
-            await asyncio.to_thread(runner.save_state)
+            for runner in runners:
+                await asyncio.to_thread(runner.save_state)
 
 
 def _redact(url: str) -> str:
@@ -379,7 +384,13 @@ async def collect(
                 reports = await collector.scrape_round()
             await collector.sink.flush()
             return reports
-        logger.info("collector starting", targets=len(collector.targets.current()))
+        owned = collector.current_targets()
+        logger.info(
+            "collector starting",
+            shard=str(collector.targets.shard),
+            targets=len(owned),
+            targets_total=collector.targets.total,
+        )
         stop_on_signals(stop)
         with exits_on_fatal():
             async with asyncio.TaskGroup() as group:
@@ -420,3 +431,33 @@ def _log_totals(collector: ScrapeEngine, event: str) -> None:
         targets=len(collector.states),
         down=len(down),
     )
+
+
+async def detect_only(settings: Settings, metrics_port: int | None = None) -> None:
+    """``hbmwatch detect``: this process' detectors over a store others write, and a candidate
+    for alert leader (``runtime/leader.py``) when alerting is on; its metrics (the leader
+    gauge among them) on ``metrics_port`` when given."""
+    registry = CollectorRegistry()
+    store = open_store(settings.store, registry=registry)
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=settings.api.host, registry=registry)
+    p = roles.plan(settings.detection)
+    logger.info("detection starting", shard=str(p.racks) if p.racks else None,
+                fleet_wide=p.fleet_wide)  # fmt: skip
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    delivering = settings.alerts.enabled and bool(settings.alerts.receivers)
+    try:
+        with exits_on_fatal():
+            async with asyncio.TaskGroup() as group:
+                spawn = functools.partial(_spawn, group, stop)
+                if settings.alerts.enabled:
+                    leader = AlertLeader(store, settings, registry, deliver if delivering else None)
+                    spawn("alert leader", lambda: leader.run(stop))
+                spawn("detection", lambda: detect(store, settings.detection, stop, shared=True))
+    finally:
+        stop.set()
+        exit_deadline()
+        store.close()

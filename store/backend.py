@@ -166,6 +166,13 @@ class PostgresBackend:
             )
 
     def prepare_partitions(self, conn: Connection, first_ms: int, last_ms: int) -> None:
+        # Several processes may share one store (collector and detector shards): one at a
+        # time creates partitions, seeing what the others made, or a CREATE ... IF NOT EXISTS
+        # can still race another's into DuplicateTable.
+        conn.execute(text(
+            "SELECT pg_advisory_xact_lock(hashtextextended('hbmwatch partitions:' "
+            "|| current_schema(), 0))"
+        ))  # fmt: skip
         existing = {
             row[0]
             for row in conn.execute(

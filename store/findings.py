@@ -63,6 +63,18 @@ class FindingLog:
         with self.engine.connect() as conn:
             return [_finding(row._mapping) for row in conn.execute(q)]
 
+    def updated_since(self, since_ms: int, limit: int = MAX_FINDINGS_PER_QUERY) -> list[Finding]:
+        """Findings stated at or after ``since_ms`` (by ``updated_ms``), oldest first: what
+        the alert leader reads from every detector process."""
+        q = (
+            select(FindingRow.__table__)
+            .where(FindingRow.updated_ms >= since_ms)
+            .order_by(FindingRow.updated_ms, FindingRow.id)
+            .limit(min(limit, MAX_FINDINGS_PER_QUERY))
+        )
+        with self.engine.connect() as conn:
+            return [_finding(row._mapping) for row in conn.execute(q)]
+
     def get(self, finding_id: str) -> Finding | None:
         with self.engine.connect() as conn:
             q = select(FindingRow.__table__).where(FindingRow.id == finding_id)

@@ -130,6 +130,7 @@ class FindingRow(Base):
         Index("ix_findings_open", "ended_ms", "kind"),
         Index("ix_findings_host", "host", "started_ms"),
         Index("ix_findings_rack", "rack", "started_ms"),
+        Index("ix_findings_updated", "updated_ms"),
     )
 
     id: Mapped[str] = mapped_column(String(300), primary_key=True)

@@ -34,7 +34,7 @@ from hbmwatch.store.feed import SampleBlock
 from hbmwatch.store.guard import StoreUnavailable, guarded
 from hbmwatch.store.registry import NAME_LABEL
 from hbmwatch.store.remote_read import EngineReader, LabelSet
-from hbmwatch.store.remote_write import RemoteWriteClient
+from hbmwatch.store.remote_write import RemoteWriteClient, encode_arrays
 from hbmwatch.store.results import CompactionReport, LatestValue, QueryResult, WriteResult
 from hbmwatch.store.store import Store
 from hbmwatch.store.tiered import TierSamples
@@ -46,6 +46,8 @@ logger = log.get("hbmwatch.store.remote")
 MAX_VALUES_PER_MATCHER = 512
 #: A refusal by the receiver is logged at most this often (it is counted every time).
 REFUSAL_LOG_SECONDS = 60.0
+#: How often the detectors' reads ask the engine for watched series the registry lacks.
+DISCOVER_EVERY_SECONDS = 30.0
 
 
 def narrowing(keys: Iterable[SeriesKey]) -> list[Matcher]:
@@ -133,8 +135,7 @@ class RemoteStore(Store):
         self.reader = EngineReader(remote.query_url, **common)
         self.remote_metrics = RemoteMetrics(registry)
         self.feed = None  # type: ignore[assignment]  # detectors read the engine, not memory
-        self._newest_read: dict[int, int] = {}  # detectors' feed: newest ts handed out
-        self._read_from: int | None = None
+        self._discovered_at = -float("inf")
         self._refusal_logged = -float("inf")
 
     def close(self) -> None:
@@ -157,13 +158,16 @@ class RemoteStore(Store):
         return result
 
     def _send(self, rows: list[tuple[int, int, float]], result: WriteResult) -> None:
-        by_series: dict[SeriesKey, list[tuple[int, float]]] = defaultdict(list)
-        keys = self.series_registry.keys
-        for ts, sid, value in rows:
-            by_series[keys[sid]].append((ts, value))
-        for samples in by_series.values():
-            samples.sort(key=lambda s: s[0])
-        outcome = self.remote_writer.send(by_series)
+        if not rows:
+            return
+        table = np.array(rows, dtype=np.float64)
+        stamps, sids = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+        order = np.lexsort((stamps, sids))  # by series, then time: receivers want order
+        sids, stamps, values = sids[order], stamps[order], table[order, 2]
+        firsts = np.flatnonzero(np.r_[True, sids[1:] != sids[:-1]])
+        counts = np.diff(np.r_[firsts, len(sids)])
+        keys = [self.series_registry.keys[int(sid)] for sid in sids[firsts]]
+        outcome = self.remote_writer.send(encode_arrays(keys, counts.tolist(), stamps, values))
         if outcome.stored:
             self.remote_metrics.requests.labels("stored").inc()
             self.remote_metrics.samples.labels("stored").inc(len(rows))
@@ -266,31 +270,42 @@ class RemoteStore(Store):
     ) -> None:
         self._watched_metrics = frozenset(metric_names)
         self._wants = wants
-        self._newest_read.clear()
-        self._read_from = None
+        self._watched_cache = None
+        self._discovered_at = -float("inf")
+
+    def _discover(self, lo: int, hi: int) -> None:
+        """Register the watched series the engine holds and the registry does not know yet.
+
+        The registry fills as collectors write; a detector process over a store of its own
+        (a fresh schema, data another deployment wrote) learns the series from the engine.
+        Every series is judged as a write would judge it; what fails is left out."""
+        if time.monotonic() - self._discovered_at < DISCOVER_EVERY_SECONDS:
+            return
+        self._discovered_at = time.monotonic()
+        names = _one_of(NAME_LABEL, set(self._watched_metrics))
+        keys = {_key_of(labels) for labels in self.reader.series([names], lo, hi)}
+        known = self.series_registry.ids
+        fresh = [k for k in keys if k.text not in known]
+        if fresh:
+            self.resolve(fresh)
+            logger.info("series learned from the engine", series=len(fresh))
 
     def read_new(self, cursor: int | None, since_ms: int) -> tuple[int, SampleBlock]:
-        """Watched samples the engine holds that this reader has not handed out yet.
+        """Every watched sample the engine holds from ``since_ms`` on, in time order.
 
-        Each read looks ``store.remote.read_lag_seconds`` behind the previous one, since an
-        engine shows samples some time after they are written; per series only samples
-        newer than the newest already handed out come back.
+        Stateless, by time: there is no feed in memory here (the samples may come from other
+        processes), so a runner over this store reads from the end of its last frame on
+        every cycle (``DetectionRunner`` does so for any store without a local feed).
         """
         now = self.now_ms()
-        lag = int(self.settings.remote.read_lag_seconds * 1000)
-        lo = since_ms if cursor is None or self._read_from is None else self._read_from
         self.series_registry.refresh()
-        ids = [sid for sid in self.series_registry.keys if self._is_watched(sid)]
-        fetched = self._fetch(ids, lo, now) if ids else {}
-        self._read_from = max(lo, now - lag)
-        parts = []
-        for sid, (t, v) in fetched.items():
-            newer = t > self._newest_read.get(sid, -1)
-            if newer.any():
-                self._newest_read[sid] = int(t[newer][-1])
-                parts.append(SampleBlock(np.full(int(newer.sum()), sid, np.int64), t[newer],
-                                         v[newer]))  # fmt: skip
-        block = SampleBlock.concat(parts)
+        if self._watched_metrics:
+            self._discover(since_ms, now)
+        ids = self._watched_ids()
+        fetched = self._fetch(ids, since_ms, now) if ids else {}
+        block = SampleBlock.concat(
+            [SampleBlock(np.full(len(t), sid, np.int64), t, v) for sid, (t, v) in fetched.items()]
+        )
         order = np.argsort(block.timestamps_ms, kind="stable")
         return now, SampleBlock(
             block.series_ids[order], block.timestamps_ms[order], block.values[order]

@@ -58,6 +58,8 @@ class EngineReader:
         self, matchers: Sequence[Matcher], lo_ms: int, hi_ms: int
     ) -> list[tuple[LabelSet, np.ndarray, np.ndarray]]:
         """Every sample in ``[lo_ms, hi_ms]`` of the series the matchers select."""
+        if hi_ms < lo_ms:
+            return []
         span = hi_ms - lo_ms + 1  # engines' ranges are left-open (VictoriaMetrics, Prometheus 3)
         query = f"{selector_text(matchers)}[{span}ms]"
         data = self._call("query", {"query": query, "time": _seconds(hi_ms)})

@@ -20,13 +20,12 @@ What a receiver's answer means (as Prometheus' own sender reads it):
 
 from __future__ import annotations
 
-import functools
-import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import cramjam
 import httpx
+import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from hbmwatch.records import SeriesKey
@@ -70,10 +69,11 @@ WriteRequest = message_factory.GetMessageClass(
     _POOL.FindMessageTypeByName("prometheus.WriteRequest")
 )
 TimeSeries = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("prometheus.TimeSeries"))
-_DOUBLE = struct.Struct("<d")
 
 
 def _varint(n: int) -> bytes:
+    if 0 <= n < 0x80:
+        return _SMALL[n]
     out = bytearray()
     n &= (1 << 64) - 1  # int64 as protobuf writes it: two's complement, ten bytes if negative
     while n > 0x7F:
@@ -83,32 +83,81 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+_SMALL = [bytes((i,)) for i in range(0x80)]
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-@functools.lru_cache(maxsize=1_000_000)
+#: Encoded labels by series, kept while the process lives (bounded: cleared past this).
+_LABELS: dict[SeriesKey, bytes] = {}
+MAX_KEPT_LABELS = 2_000_000
+
+
 def labels_blob(key: SeriesKey) -> bytes:
     """The encoded ``labels`` fields of a series: ``__name__`` and its labels, sorted by
     name as receivers require, encoded by the protobuf library."""
     pairs = sorted([("__name__", key.metric), *key.labels])
-    return TimeSeries(labels=[{"name": n, "value": v} for n, v in pairs]).SerializeToString()
+    blob = TimeSeries(labels=[{"name": n, "value": v} for n, v in pairs]).SerializeToString()
+    if len(_LABELS) >= MAX_KEPT_LABELS:
+        _LABELS.clear()
+    _LABELS[key] = blob
+    return blob
 
 
-def _sample(timestamp_ms: int, value: float) -> bytes:
-    body = b"\x09" + _DOUBLE.pack(value) + b"\x10" + _varint(timestamp_ms)
-    return b"\x12" + _varint(len(body)) + body
+def _samples_blob(timestamps_ms: np.ndarray, values: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """Every sample as an encoded ``samples`` field (``Sample{value, timestamp}``), in one
+    buffer, and the end offset of each: built over whole arrays, since per-sample Python
+    was most of a request's cost (8 us a sample)."""
+    n = len(timestamps_ms)
+    unsigned = timestamps_ms.astype(np.int64).view(np.uint64)
+    shifts = np.arange(10, dtype=np.uint64) * np.uint64(7)
+    groups = ((unsigned[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
+    significant = (unsigned[:, None] >> shifts) != 0
+    lengths = np.maximum(1, 10 - np.argmax(significant[:, ::-1], axis=1))
+    lengths[~significant.any(axis=1)] = 1
+    width = np.arange(10)
+    groups[width[None, :] < (lengths[:, None] - 1)] |= 0x80
+    record = np.zeros((n, 22), dtype=np.uint8)
+    record[:, 0] = 0x12  # field 2 (samples), length-delimited
+    record[:, 1] = 10 + lengths  # 0x09 + 8-byte double + 0x10 + varint
+    record[:, 2] = 0x09  # field 1 (value), fixed64
+    record[:, 3:11] = values.astype("<f8").view(np.uint8).reshape(n, 8)
+    record[:, 11] = 0x10  # field 2 (timestamp), varint
+    record[:, 12:22] = groups
+    keep = np.ones((n, 22), dtype=bool)
+    keep[:, 12:22] = width[None, :] < lengths[:, None]  # the varint's own bytes
+    return record[keep].tobytes(), np.cumsum(12 + lengths)
+
+
+def encode_arrays(
+    keys: Sequence[SeriesKey], counts: Sequence[int], timestamps_ms: np.ndarray, values: np.ndarray
+) -> bytes:
+    """The uncompressed ``WriteRequest``: ``keys[i]`` owns the next ``counts[i]`` samples of
+    the arrays, in time order."""
+    blob, ends = _samples_blob(timestamps_ms, values)
+    bounds = np.r_[0, ends[np.cumsum(counts) - 1]].tolist() if len(keys) else [0]
+    parts: list[bytes] = []
+    for i, key in enumerate(keys):
+        labels = _LABELS.get(key) or labels_blob(key)
+        start, end = bounds[i], bounds[i + 1]
+        parts += (b"\x0a", _varint(len(labels) + end - start), labels, blob[start:end])
+    return b"".join(parts)
 
 
 def encode(series: Mapping[SeriesKey, Iterable[tuple[int, float]]]) -> bytes:
     """The uncompressed ``WriteRequest`` of these series' ``(timestamp_ms, value)`` samples,
     which must be in time order within each series."""
-    parts = []
+    keys, counts, stamps, values = [], [], [], []
     for key, samples in series.items():
-        body = labels_blob(key) + b"".join(_sample(t, v) for t, v in samples)
-        parts.append(_field(1, body))
-    return b"".join(parts)
+        pairs = list(samples)
+        keys.append(key)
+        counts.append(len(pairs))
+        stamps += [t for t, _ in pairs]
+        values += [v for _, v in pairs]
+    return encode_arrays(keys, counts, np.array(stamps, np.int64), np.array(values, np.float64))
 
 
 def compress(payload: bytes) -> bytes:
@@ -150,8 +199,9 @@ class RemoteWriteClient:
             sent["Authorization"] = f"Bearer {bearer_token}"
         self._client = httpx.Client(headers=sent, timeout=timeout_seconds)
 
-    def send(self, series: Mapping[SeriesKey, Iterable[tuple[int, float]]]) -> Outcome:
-        body = compress(encode(series))
+    def send(self, request: bytes) -> Outcome:
+        """Post one uncompressed ``WriteRequest`` (``encode``, ``encode_arrays``)."""
+        body = compress(request)
         try:
             response = self._client.post(self.url, content=body)
         except httpx.HTTPError as exc:

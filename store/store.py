@@ -182,6 +182,6 @@ def open_store(
     else:
         store = Store(engine, settings, clock=clock, registry=registry)
     store.series_registry.refresh()
-    if store.backend.name == "postgresql":
+    if store.backend.name == "postgresql" and store.has_tiers:  # a RemoteStore has no samples
         store.prepare_partitions()
     return store

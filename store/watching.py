@@ -33,6 +33,7 @@ class Watching:
     now_ms: Callable[[], int]
     _watched_metrics: frozenset[str]
     _wants: Callable[[SeriesKey], bool] | None
+    _watched_cache: tuple[int, object, list[int]] | None
     _raw_samples: Callable[
         [list[int], int, int], tuple[dict[int, tuple[np.ndarray, np.ndarray]], bool]
     ]
@@ -43,6 +44,7 @@ class Watching:
         """Keep the newest samples of these metrics (the series ``wants``) for ``read_new``."""
         self._watched_metrics = frozenset(metric_names)
         self._wants = wants
+        self._watched_cache = None
         self.feed.reset_watch()
 
     def _is_watched(self, series_id: int) -> bool:
@@ -66,7 +68,7 @@ class Watching:
                 return self.feed.next_seq, block
         next_cursor = self.feed.next_seq
         self.series_registry.refresh()
-        ids = [sid for sid in self.series_registry.keys if self._is_watched(sid)]
+        ids = self._watched_ids()
         hi = self.now_ms() + int(self.settings.max_future_skew_seconds * 1000) + 1
         samples, _ = self._raw_samples(ids, since_ms, hi) if ids else ({}, False)
         parts = [
@@ -78,6 +80,17 @@ class Watching:
         return next_cursor, SampleBlock(
             block.series_ids[order], block.timestamps_ms[order], block.values[order]
         )
+
+    def _watched_ids(self) -> list[int]:
+        """The watched series ids, kept between calls while no series is added: a reader of
+        a store others write calls ``read_new`` every cycle."""
+        keys = self.series_registry.keys
+        cached = getattr(self, "_watched_cache", None)
+        if cached is None or cached[0] != len(keys) or cached[1] is not self._wants:
+            ids = [sid for sid in keys if self._is_watched(sid)]
+            cached = (len(keys), self._wants, ids)
+            self._watched_cache = cached
+        return cached[2]
 
     def key_of(self, series_id: int) -> SeriesKey | None:
         key = self.series_registry.keys.get(series_id)

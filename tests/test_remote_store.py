@@ -62,11 +62,12 @@ def engine(
 
 
 def remote_store(tmp_path: Path, write_url: str, query_url: str, **remote: object) -> RemoteStore:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{tmp_path / 'state.db'}"
     engine = create_store_engine(url)
     upgrade(engine)
     engine.dispose()
-    remote = {"write_url": write_url, "query_url": query_url, "read_lag_seconds": 5, **remote}
+    remote = {"write_url": write_url, "query_url": query_url, **remote}
     store = open_store(load_settings(store={"url": url, "remote": remote}).store)
     assert isinstance(store, RemoteStore)
     return store
@@ -163,12 +164,11 @@ def test_every_sample_written_is_in_the_engine_and_reads_back(
     cursor, block = store.read_new(None, now - 120_000)
     assert len(block) == len(batch)
     assert list(block.timestamps_ms) == sorted(block.timestamps_ms)
-    # Timestamped now, as a scrape is: a sample that shows up later than read_lag_seconds
-    # after its timestamp is in the engine but not handed to the detectors.
-    more = [Sample(k, int(time.time() * 1000), 1.0) for k in keys]
-    store.write(more)
-    got = eventually(lambda: len(store.read_new(cursor, now - 120_000)[1]), "the next samples")
-    assert got == len(keys)  # only what was not handed out before
+    # Read by time: from a later instant, only what was written after it.
+    later = int(time.time() * 1000) + 1000
+    store.write([Sample(k, later, 1.0) for k in keys])
+    got = eventually(lambda: len(store.read_new(cursor, later)[1]), "the next samples")
+    assert got == len(keys)
     store.close()
 
 
@@ -255,3 +255,48 @@ def test_nothing_scraped_is_lost_while_the_receiver_is_down(tmp_path: Path) -> N
     finally:
         store.close()
         vm.stop()
+
+
+def test_the_prometheus_api_and_federate_answer_from_the_engine(
+    engine: EngineProcess, tmp_path: Path
+) -> None:
+    """``/prometheus`` evaluates over samples read back from the engine; ``/federate`` gives
+    their newest values; tiers are refused in one line (the engine has them or not)."""
+    from fastapi.testclient import TestClient
+
+    from hbmwatch.api.main import create_app
+
+    store = remote_store(tmp_path, engine.write_url, engine.url)
+    tag = f"p{time.time_ns()}"
+    keys = gpu_keys(tag)
+    now = int(time.time()) * 1000
+    store.write([Sample(k, now - 30_000 + i * 1000, float(i * j)) for i in range(31)
+                 for j, k in enumerate(keys)])  # fmt: skip
+    selector = f'gpu_power_watts{{cluster="{tag}"}}'
+    eventually(lambda: engine_count(engine, selector) == 31 * len(keys), "samples in the engine")
+    settings = load_settings(store=store.settings.model_dump())
+    with TestClient(create_app(settings, store)) as client:
+        params = {"query": f"sum(max_over_time({selector}[1m]))", "time": now / 1000}
+        body = client.get("/prometheus/api/v1/query", params=params).json()
+        assert body["data"]["result"][0]["value"][1] == str(30 * sum(range(len(keys))))
+        asked = client.get("/prometheus/api/v1/query", params={**params, "resolution": "1m"})
+        assert asked.status_code == 400 and "remote engine" in asked.json()["error"]
+        page = client.get("/federate", params={"match[]": selector}).text
+        assert page.count(f'cluster="{tag}"') == len(keys)
+    store.close()
+
+
+def test_a_reader_with_a_fresh_registry_learns_the_series_from_the_engine(
+    engine: EngineProcess, tmp_path: Path
+) -> None:
+    """A detector process over a store of its own reads what another process wrote."""
+    writer = remote_store(tmp_path / "writer", engine.write_url, engine.url)
+    reader = remote_store(tmp_path / "reader", engine.write_url, engine.url)
+    tag = f"f{time.time_ns()}"
+    now = int(time.time()) * 1000
+    writer.write([Sample(k, now - 1000, 1.0) for k in gpu_keys(tag)])
+    reader.watch(["gpu_power_watts"], wants=lambda k: k.label("cluster") == tag)
+    block = eventually(lambda: len(reader.read_new(None, now - 60_000)[1]), "the writer's samples")
+    assert block == len(gpu_keys(tag))
+    writer.close()
+    reader.close()

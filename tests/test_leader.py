@@ -1,0 +1,179 @@
+"""One alert leader among real ``hbmwatch detect`` processes, elected in PostgreSQL.
+
+Two candidates run the real CLI over one PostgreSQL schema, delivering to a real
+Alertmanager whose webhook is a recording sink.  Findings are written straight into the
+store, as a detector shard would.  The leader is killed with SIGKILL right after a page,
+and the record of that page's delivery is erased as if it died between sending and
+recording; the other candidate must lead within 30 s, page a finding raised after the kill,
+and the sink must see each page exactly once: the new leader's re-send of the first is the
+same alert to Alertmanager, which does not notify it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from hbmwatch.detectors.base import make_finding
+from hbmwatch.records import Finding, Severity
+from hbmwatch.store.engine import create_store_engine
+from hbmwatch.store.findings import FindingLog
+from hbmwatch.store.migrate import upgrade
+from tests.alertmanager import WebhookSink, free_port, running_alertmanager
+
+pytestmark = pytest.mark.postgres
+TAKEOVER_S = 30.0
+
+
+def _finding(host: str, rack: str) -> Finding:
+    now = int(time.time() * 1000)
+    return make_finding(
+        kind="thermal_excursion", detector="thermal", severity=Severity.CRITICAL,
+        entity={"cluster": "c0", "rack": rack, "host": host, "gpu": "0", "sku": "H200"},
+        summary=f"HBM at 97 C on {host}", started_ms=now, raised_ms=now, updated_ms=now,
+    )  # fmt: skip
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Candidate:
+    """``hbmwatch detect --shard i/2`` with its /metrics, for the leader gauge."""
+
+    def __init__(self, config: Path, shard: str, folder: Path) -> None:
+        self.port = free_port()
+        self.log_path = folder / f"detect-{shard.replace('/', 'of')}.log"
+        args = [sys.executable, "-m", "hbmwatch.cli", "detect", "--config", str(config),
+                "--shard", shard, "--metrics-port", str(self.port)]  # fmt: skip
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+
+    def leads(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"candidate exited {self.process.returncode}:\n{self.log()}")
+        try:
+            page = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=2).text
+        except httpx.HTTPError:
+            return False
+        return "hbmwatch_alert_leader 1.0" in page
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def candidates(config: Path, folder: Path) -> Iterator[list[Candidate]]:
+    running = [Candidate(config, f"{i}/2", folder) for i in range(2)]
+    try:
+        yield running
+    finally:
+        for c in running:
+            c.stop()
+
+
+def _pages(sink: WebhookSink) -> Counter[str]:
+    """Firing notifications per alert (Alertmanager's fingerprint of its labels)."""
+    seen: Counter[str] = Counter()
+    for body in sink.bodies("/am"):
+        for alert in body.get("alerts", []):
+            if alert.get("status") == "firing":
+                seen[alert["labels"].get("host", "") + "|" + alert["fingerprint"]] += 1
+    return seen
+
+
+def _paged(sink: WebhookSink, host: str) -> int:
+    return sum(n for key, n in _pages(sink).items() if key.startswith(host + "|"))
+
+
+def test_leader_dies_and_another_pages_each_alert_once(pg_schema_url: str, tmp_path: Path) -> None:
+    engine = create_store_engine(pg_schema_url)
+    upgrade(engine)
+    findings = FindingLog(engine)
+    with (
+        WebhookSink() as sink,
+        running_alertmanager(
+            tmp_path, sink.url + "/am", group_wait="1s", group_interval="1s"
+        ) as am,
+    ):
+        config = tmp_path / "hbmwatch.toml"
+        config.write_text(
+            f'[store]\nurl = "{pg_schema_url}"\n'
+            "[detection]\ninterval_seconds = 1.0\n"
+            f'[[alerts.receivers]]\nname = "am"\nkind = "alertmanager"\nurl = "{am.url}"\n'
+        )
+        with candidates(config, tmp_path) as both:
+            leader = _wait("a leader", lambda: next((c for c in both if c.leads()), None))
+            assert sum(c.leads() for c in both) == 1, "exactly one leads"
+
+            findings.save([_finding("h1", "r0")])
+            _wait("the first page", lambda: _paged(sink, "h1"))
+
+            os.kill(leader.process.pid, signal.SIGKILL)
+            leader.process.wait(timeout=10)
+            with engine.begin() as conn:  # as if it died between sending and recording
+                conn.execute(text("DELETE FROM alert_deliveries"))
+            findings.save([_finding("h2", "r1")])
+            other = next(c for c in both if c is not leader)
+            t0 = time.monotonic()
+            _wait("the other candidate to lead", other.leads, timeout=TAKEOVER_S)
+            took = time.monotonic() - t0
+            _wait("the page raised after the kill", lambda: _paged(sink, "h2"))
+
+            def resent() -> bool:  # the new leader re-sent h1 to Alertmanager: it holds it again
+                return any(
+                    a["labels"].get("host") == "h1" and a["status"]["state"] == "active"
+                    for a in am.alerts()
+                ) and _delivered(engine, "h1")
+
+            _wait("the new leader's re-send of the first page", resent)
+            observe = time.monotonic() + 3.0  # Alertmanager's group_interval is 1 s
+            while time.monotonic() < observe:
+                assert _paged(sink, "h1") <= 1, "the first page was sent twice"
+                time.sleep(0.2)
+            assert "alert leader acquired" in other.log()
+    pages = _pages(sink)
+    assert sorted(k.split("|")[0] for k in pages) == ["h1", "h2"], pages
+    assert set(pages.values()) == {1}, f"each alert paged once: {pages}"
+    assert took < TAKEOVER_S
+    engine.dispose()
+
+
+def _delivered(engine: Any, host: str) -> bool:
+    """Whether a delivery of the alert on ``host`` is recorded (the new leader's)."""
+    with engine.connect() as conn:
+        n = conn.execute(
+            text(
+                "SELECT count(*) FROM alert_deliveries d JOIN alerts a ON a.id = d.alert_id "
+                "WHERE a.labels ->> 'host' = :host AND d.sent_state = 'firing'"
+            ),
+            {"host": host},
+        ).scalar()
+    return bool(n)
