@@ -53,7 +53,7 @@ def _quiet(stage: str, done: int, total: int) -> None:
 
 @dataclass(frozen=True)
 class ScaleSpec:
-    gpus: int = 128
+    gpus: int = 256
     seconds: float = 60.0
     interval_s: float = 1.0
     warmup_s: float = 10.0

@@ -376,7 +376,7 @@ def staged_progress() -> Iterator[Callable[[str, int, int], None]]:
 
 @bench_app.command("scale")
 def bench_scale(
-    gpus: Annotated[int, typer.Option(help="Simulated fleet (a multiple of 8).")] = 128,
+    gpus: Annotated[int, typer.Option(help="Simulated fleet (a multiple of 8).")] = 256,
     seconds: Annotated[float, typer.Option(min=1, help="Measured span of each phase, s.")] = 60,
     interval: Annotated[float, typer.Option(help="Scrape interval, s (all phases).")] = 1.0,
     warmup: Annotated[
@@ -457,8 +457,9 @@ def _print_checks(p: dict[str, Any], targets: int) -> None:
     )
     if p["spooled"]:
         console.print(
-            f"{p['name']}: [yellow]the writer fell behind[/yellow]: {p['spooled']:,} samples "
-            f"went through the disk spool, {p['left_in_spool']:,} still there at the stop"
+            f"{p['name']}: {p['spooled']:,} samples went through the disk spool (the writer "
+            f"behind: the first round's series, or a busy host), {p['left_in_spool']:,} still "
+            "there at the stop"
         )
     if not p["shards_partition"]:
         console.print(
