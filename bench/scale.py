@@ -4,7 +4,7 @@ Prometheus scraping the same simulated fleet in the same run.
 One fleet (``hbmwatch sim`` in its own process, on a slow simulated clock so that serving
 its pages costs little) is scraped in three phases, one after another (a small machine's
 cores are shared): A, one ``hbmwatch collect`` into a fresh VictoriaMetrics; B, two,
-``collector.shard`` 0/2 and 1/2, into another; C, the baseline, a real Prometheus with a
+``--shard 0/2`` and ``1/2``, into another; C, the baseline, a real Prometheus with a
 scrape config listing the same pages at the same interval.
 
 Each phase warms up (series registered, first samples stored), then is measured over a
@@ -183,7 +183,7 @@ def _tick(stage: str, seconds: float, progress: Progress) -> None:
 
 
 def collector_config(folder: Path, name: str, vm: VictoriaMetrics, targets: Path,
-                     spec: ScaleSpec, shard: str | None) -> Path:  # fmt: skip
+                     spec: ScaleSpec) -> Path:  # fmt: skip
     """The TOML of one ``hbmwatch collect``: its own SQLite registry, samples to ``vm``."""
     store = StoreSettings(url=f"sqlite:///{folder / name}.db")
     migrate(Settings(store=store))
@@ -191,8 +191,6 @@ def collector_config(folder: Path, name: str, vm: VictoriaMetrics, targets: Path
              "[store.remote]", f'write_url = "{vm.write_url}"', f'query_url = "{vm.url}"',
              "[collector]", f'target_file = "{targets}"', f"interval_seconds = {spec.interval_s}",
              f'spool_dir = "{folder / name}-spool"']  # fmt: skip
-    if shard is not None:
-        lines.append(f'shard = "{shard}"')
     path = folder / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -217,11 +215,12 @@ def collector_phase(
         procs = []
         try:
             for i, shard in enumerate(shards):
-                config = collector_config(folder, f"collector{i}", vm, targets, spec, shard)
+                config = collector_config(folder, f"collector{i}", vm, targets, spec)
+                argv = [sys.executable, "-m", "hbmwatch.cli", "collect", "--config", str(config),
+                        *(["--shard", shard] if shard else [])]  # fmt: skip
                 with (folder / f"collector{i}.log").open("w") as log_file:
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "hbmwatch.cli", "collect", "--config", str(config)],
-                        stdout=subprocess.DEVNULL, stderr=log_file))  # fmt: skip
+                    procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                                  stderr=log_file))  # fmt: skip
             roles = {"collector": [p.pid for p in procs], "engine": [vm.pid], "fleet": [fleet_pid]}
             result = measure(spec, vm, roles, stage, progress)
         finally:
