@@ -118,6 +118,32 @@ def up(
 
 
 @app.command()
+def serve(
+    config: ConfigOption = None,
+    host: Annotated[str | None, typer.Option(help="Bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default 8427).")] = None,
+) -> None:
+    """Run the HTTP API alone over a migrated store others write (docs/scale.md)."""
+    settings = _settings(config)
+    if host is not None:
+        settings.api.host = host
+    if port is not None:
+        settings.api.port = port
+    try:
+        preflight.check_store(settings.store, must_exist=True)
+        preflight.check_api_port(settings.api.host, settings.api.port)
+    except HbmwatchError as exc:
+        raise fail(exc) from None
+    from hbmwatch.runtime import api_only
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(api_only.serve(settings))
+    except HbmwatchError as exc:
+        raise fail(exc) from None
+
+
+@app.command()
 def detect(
     config: ConfigOption = None,
     shard: Annotated[
@@ -158,7 +184,8 @@ def _first_error(exc: ValueError) -> str:
     errors = getattr(exc, "errors", None)
     if callable(errors):
         first = errors()[0]
-        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        return f"{'.'.join(str(p) for p in first['loc'])}: {msg}"
     return str(exc)
 
 

@@ -326,9 +326,9 @@ class DetectionSettings(_Section):
     fleet_wide: Literal["auto", "also", "only", "off"] = Field(
         "auto",
         description="Where the fleet-wide detectors run (thermal with its cross-rack heat "
-        "scope, throttling, latency, outliers per SKU, root cause), over every series: `auto` "
-        "beside the racks of shard 0 (or of the whole), `also` beside this process' racks, `only` here "
-        "and no racks, `off` not here.",
+        "scope, throttling, latency, outliers per SKU, root cause), over every series: "
+        "`auto` beside the racks of shard 0 (or of the whole), `also` beside this process' "
+        "racks, `only` here and no racks, `off` not here.",
     )
     _shard_form = field_validator("shard")(_shard)
 

@@ -26,9 +26,7 @@ from hbmwatch.sharding import Shard
 from hbmwatch.store.store import Store
 
 #: The detectors that read more than one rack (by ``Detector.name``).
-FLEET_WIDE: frozenset[str] = frozenset(
-    {"thermal", "throttle", "latency", "outliers", "rootcause"}
-)
+FLEET_WIDE: frozenset[str] = frozenset({"thermal", "throttle", "latency", "outliers", "rootcause"})
 FLEET_SUFFIX = "@fleet"
 
 

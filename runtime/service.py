@@ -12,7 +12,6 @@ import contextlib
 import functools
 import gc
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from hbmwatch import log
-from hbmwatch.alerts.delivery import Dispatcher
 from hbmwatch.alerts.runner import Alerting
 from hbmwatch.api.server import ApiServerError
 from hbmwatch.collector.engine import ScrapeEngine
@@ -28,15 +26,18 @@ from hbmwatch.collector.spool import Spool
 from hbmwatch.collector.targets import Target as CollectorTarget
 from hbmwatch.collector.targets import TargetSet, default_timeout
 from hbmwatch.collector.writer import BatchingSink, SpoolingWriter
-from hbmwatch.records import Finding
 from hbmwatch.runtime import roles
 from hbmwatch.runtime.apiprocess import ApiProcess
+from hbmwatch.runtime.delivering import deliver
+from hbmwatch.runtime.delivering import on_own_loop as on_own_loop  # re-exported
+from hbmwatch.runtime.detecting import detect
+from hbmwatch.runtime.detecting import detect_only as detect_only  # re-exported for the CLI
 from hbmwatch.runtime.leader import AlertLeader
 from hbmwatch.runtime.supervise import exit_deadline, exits_on_fatal, stop_on_signals, supervise
-from hbmwatch.settings import DetectionSettings, Settings
+from hbmwatch.settings import Settings
 from hbmwatch.simulator.process import FleetSpec, SimProcess, SimulatorFailed
 from hbmwatch.simulator.server import Target
-from hbmwatch.status import ServiceStatus, snapshot_from_frame
+from hbmwatch.status import ServiceStatus
 from hbmwatch.store.engine import create_store_engine, is_sqlite
 from hbmwatch.store.guard import unavailable
 from hbmwatch.store.migrate import upgrade
@@ -199,9 +200,12 @@ async def run(settings: Settings) -> None:
     delivering = settings.alerts.enabled and bool(settings.alerts.receivers)
     status = ServiceStatus(collector_interval_seconds=settings.collector.interval_seconds)
     alerting: Alerting | None = None
+    leader: AlertLeader | None = None
 
-    def alerting_for_api() -> Alerting:  # the service's engine, or one made at first use
+    def alerting_for_api() -> Alerting:  # the service's (or leader's) engine, else one made
         nonlocal alerting
+        if leader is not None and leader.alerting is not None:
+            return leader.alerting
         if alerting is None:
             alerting = Alerting(store, settings.alerts)
             alerting.start()
@@ -278,92 +282,6 @@ def _spawn(
     group.create_task(supervise(name, loop, stop))
 
 
-async def deliver(
-    store: Store, settings: Settings, stop: asyncio.Event, registry: CollectorRegistry | None = None
-) -> None:
-    """Send alerts to the configured receivers until told to stop.
-
-    On a thread and loop of its own: delivery reads the store synchronously, and a locked or
-    slow store must not freeze the collector's loop while it waits.
-    """
-    logger.info("alert delivery starting",
-                receivers=[f"{r.kind}:{r.name}" for r in settings.alerts.receivers])  # fmt: skip
-
-    async def dispatch(own_stop: asyncio.Event) -> None:
-        dispatcher = Dispatcher(store.alerts, settings.alerts, clock=time.time, registry=registry)
-        try:
-            await dispatcher.run(own_stop)
-        finally:
-            await dispatcher.aclose()
-
-    await on_own_loop(dispatch, stop)
-
-
-async def on_own_loop(
-    main: Callable[[asyncio.Event], Awaitable[None]], stop: asyncio.Event
-) -> None:
-    """Run ``main(own_stop)`` on a new event loop in a worker thread until ``stop`` is set."""
-    handle: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-
-    async def body() -> None:
-        handle.append((asyncio.get_running_loop(), asyncio.Event()))
-        await main(handle[0][1])
-
-    worker = asyncio.ensure_future(asyncio.to_thread(asyncio.run, body()))
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait([worker, stopped], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-        if handle:
-            loop, own_stop = handle[0]
-            with contextlib.suppress(RuntimeError):  # that loop already ended
-                loop.call_soon_threadsafe(own_stop.set)
-        await worker  # its errors are the caller's (supervise restarts it)
-
-
-async def detect(
-    store: Store,
-    settings: DetectionSettings,
-    stop: asyncio.Event,
-    alerting: Alerting | None = None,
-    status: ServiceStatus | None = None,
-    *,
-    shared: bool = False,
-) -> None:
-    """Run this process' detectors (``runtime/roles.py``) every ``interval_seconds`` over the
-    samples written since the last; their findings go on to ``alerting`` in the same step,
-    when this process alerts inline (else the alert leader reads them from the store)."""
-    runners = await asyncio.to_thread(roles.runners, store, settings, shared=shared)
-    held: dict[str, Finding] = {}  # findings alerting has not taken yet (an outage)
-    try:
-        while not stop.is_set():
-            try:
-                seconds = 0.0
-                for runner in runners:
-                    report = await asyncio.to_thread(runner.cycle)
-                    seconds += report.seconds
-                    held.update((f.id, f) for f in report.findings)
-                if status is not None:
-                    frame = runners[-1].last_frame  # the fleet-wide one where there are two
-                    snapshot = snapshot_from_frame(frame) if frame is not None else None
-                    status.record_cycle(seconds, snapshot)
-                if alerting is not None and held:
-                    await asyncio.to_thread(alerting.process, list(held.values()))
-                held.clear()
-                if seconds > settings.interval_seconds:
-                    logger.warning("detection cycle slower than its interval",
-                                   seconds=round(seconds, 2))  # fmt: skip
-            except StoreUnavailable as exc:
-                logger.warning("detection skipped: store unavailable", error=str(exc))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), settings.interval_seconds)
-    finally:
-        with contextlib.suppress(StoreUnavailable):
-            for runner in runners:
-                await asyncio.to_thread(runner.save_state)
-
-
 def _redact(url: str) -> str:
     from sqlalchemy.engine import make_url
 
@@ -431,33 +349,3 @@ def _log_totals(collector: ScrapeEngine, event: str) -> None:
         targets=len(collector.states),
         down=len(down),
     )
-
-
-async def detect_only(settings: Settings, metrics_port: int | None = None) -> None:
-    """``hbmwatch detect``: this process' detectors over a store others write, and a candidate
-    for alert leader (``runtime/leader.py``) when alerting is on; its metrics (the leader
-    gauge among them) on ``metrics_port`` when given."""
-    registry = CollectorRegistry()
-    store = open_store(settings.store, registry=registry)
-    if metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port, addr=settings.api.host, registry=registry)
-    p = roles.plan(settings.detection)
-    logger.info("detection starting", shard=str(p.racks) if p.racks else None,
-                fleet_wide=p.fleet_wide)  # fmt: skip
-    stop = asyncio.Event()
-    stop_on_signals(stop)
-    delivering = settings.alerts.enabled and bool(settings.alerts.receivers)
-    try:
-        with exits_on_fatal():
-            async with asyncio.TaskGroup() as group:
-                spawn = functools.partial(_spawn, group, stop)
-                if settings.alerts.enabled:
-                    leader = AlertLeader(store, settings, registry, deliver if delivering else None)
-                    spawn("alert leader", lambda: leader.run(stop))
-                spawn("detection", lambda: detect(store, settings.detection, stop, shared=True))
-    finally:
-        stop.set()
-        exit_deadline()
-        store.close()

@@ -17,6 +17,8 @@ from hbmwatch.store.guard import guarded
 from hbmwatch.store.models import FindingRow
 
 MAX_FINDINGS_PER_QUERY = 5_000
+#: Findings one ``updated_since`` reads: a storm's worth (each finding is one row).
+MAX_FINDINGS_STATED = 200_000
 
 
 @guarded  # every method raises StoreUnavailable when the database cannot answer
@@ -63,14 +65,15 @@ class FindingLog:
         with self.engine.connect() as conn:
             return [_finding(row._mapping) for row in conn.execute(q)]
 
-    def updated_since(self, since_ms: int, limit: int = MAX_FINDINGS_PER_QUERY) -> list[Finding]:
+    def updated_since(self, since_ms: int, limit: int = MAX_FINDINGS_STATED) -> list[Finding]:
         """Findings stated at or after ``since_ms`` (by ``updated_ms``), oldest first: what
-        the alert leader reads from every detector process."""
+        the alert leader reads from every detector process.  Not capped as the API's reads
+        are: a reader that always got the same oldest rows would never see the newest."""
         q = (
             select(FindingRow.__table__)
             .where(FindingRow.updated_ms >= since_ms)
             .order_by(FindingRow.updated_ms, FindingRow.id)
-            .limit(min(limit, MAX_FINDINGS_PER_QUERY))
+            .limit(limit)
         )
         with self.engine.connect() as conn:
             return [_finding(row._mapping) for row in conn.execute(q)]

@@ -3,6 +3,7 @@ hash of its URL as Prometheus' ``hashmod`` chooses, re-balanced as the target fi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -18,7 +19,10 @@ from hbmwatch.collector.engine import BatchingSink, ScrapeEngine
 from hbmwatch.collector.targets import TargetSet
 from hbmwatch.settings import CollectorSettings
 from hbmwatch.sharding import Shard, hashmod
+from hbmwatch.store.store import Store
+from tests.conftest import Clock
 from tests.prometheus_server import PROMETHEUS, prometheus, wait_for
+from tests.test_collector import engine_for, simulated
 
 URLS = [f"http://10.0.{i // 250}.{i % 250}:9400/metrics" for i in range(200)]
 #: Computed with Prometheus' algorithm (md5, low 8 bytes big-endian, mod N) and checked
@@ -150,3 +154,31 @@ def test_the_shard_setting_is_validated() -> None:
     with pytest.raises(ValueError, match="need 0 <= i < N"):
         CollectorSettings(shard="2/2")
     assert Shard.parse(CollectorSettings(shard=" 1 / 2 ").shard) == Shard(1, 2)
+
+
+def test_shards_share_one_store_and_each_writes_its_devices(
+    store: Store, tmp_path: Path, clock: Clock
+) -> None:
+    """Three collectors, shards 0/3, 1/3 and 2/3 of the simulated fleet, into one store:
+    every target scraped once, every host's devices in the inventory."""
+
+    async def run() -> tuple[int, list[list[str]]]:
+        async with simulated(clock.now - 10) as (sim, targets):
+            scraped = []
+            for i in range(3):
+                engine = engine_for(
+                    store, targets, tmp_path / str(i), lambda: sim.now_unix, shard=f"{i}/3"
+                )
+                async with engine:
+                    sim.step()
+                    reports = await engine.scrape_round(int(sim.now_unix * 1000))
+                    await engine.sink.flush()
+                scraped.append([r.target for r in reports if r.up])
+            return len(targets), scraped
+
+    total, scraped = asyncio.run(run())
+    urls = [u for share in scraped for u in share]
+    assert all(scraped) and len(urls) == len(set(urls)) == total
+    hosts = {d.host for d in store.devices()}
+    assert hosts == {"r0-node0", "r1-node0", "r2-node0"}
+    assert len(store.devices()) == 24  # three nodes of eight GPUs

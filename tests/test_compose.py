@@ -461,3 +461,67 @@ def test_dockerignore_keeps_what_the_image_needs_and_nothing_private() -> None:
     private += [".pytest_cache/v", ".hypothesis/x", "hbmwatch/__pycache__/x.pyc", "tests/x.py"]
     for path in private:
         assert ignored(path, patterns), path
+
+
+# -- the "scale" profile (docs/scale.md) ------------------------------------------------------
+SCALE = {"scale-postgres", "victoriametrics", "scale-sim", "scale-migrate", "scale-collect-0",
+         "scale-collect-1", "scale-detect-0", "scale-detect-1", "scale-api"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def scaled(compose_cmd: list[str], env_file: Path) -> dict[str, Any]:
+    done = run_compose(compose_cmd, env_file, "--profile", "scale", "config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_scale_profile_adds_its_services_only_when_asked(
+    resolved: dict[str, Any], scaled: dict[str, Any]
+) -> None:
+    assert set(resolved["services"]) == SERVICES
+    assert set(scaled["services"]) == SERVICES | SCALE
+    for name in SCALE:
+        service = scaled["services"][name]
+        image = service["image"]
+        assert re.fullmatch(r"[\w./-]+:[\w.-]*\d[\w.-]*", image) and not image.endswith(":latest")
+        for port in service.get("ports", []):
+            assert port.get("host_ip") == "127.0.0.1", (name, port)
+
+
+def test_the_scale_profile_runs_real_commands_with_valid_settings(
+    scaled: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every hbmwatch command there is a CLI command whose options parse, and every
+    process's environment passes the settings and points at the profile's own services."""
+    from typer.main import get_command
+
+    from hbmwatch.cli.main import app
+    from hbmwatch.settings import load_settings
+    from hbmwatch.sharding import Shard
+
+    commands = get_command(app).commands  # type: ignore[attr-defined]
+    services = scaled["services"]
+    shards: dict[str, set[str]] = {"collect": set(), "detect": set()}
+    for name in SCALE - {"scale-postgres", "victoriametrics"}:
+        service = services[name]
+        assert service["image"] == services["hbmwatch"]["image"]
+        command = service["command"]
+        assert command[0] in commands, (name, command)
+        if "--shard" in command:
+            shards[command[0]].add(str(Shard.parse(command[command.index("--shard") + 1])))
+        for key in [k for k in os.environ if k.startswith("HBMWATCH_")]:
+            monkeypatch.delenv(key)
+        for key, value in (service.get("environment") or {}).items():
+            monkeypatch.setenv(key, value)
+        if name == "scale-sim":
+            continue
+        settings = load_settings()
+        assert urlsplit(settings.store.url).hostname == "scale-postgres"
+        assert settings.store.remote.enabled
+        assert urlsplit(settings.store.remote.write_url or "").hostname == "victoriametrics"
+    assert shards == {"collect": {"0/2", "1/2"}, "detect": {"0/2", "1/2"}}
+    # The collectors scrape the simulated fleet on its loopback: they share its network.
+    assert services["scale-collect-0"]["network_mode"] == "service:scale-sim"
+    assert services["scale-detect-0"]["depends_on"]["scale-migrate"]["condition"] == (
+        "service_completed_successfully"
+    )

@@ -96,6 +96,8 @@ def _sharded_run(scenario: str, tmp_path: Path, minutes: float) -> tuple[list, l
     return _comparable(result.findings), _comparable(sharded)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # 80-150 s each on 2 busy cores: the shards read SQLite back
 @pytest.mark.parametrize("scenario", ["coolant_loss", "diurnal_heat"])
 def test_shards_find_what_one_process_finds(scenario: str, tmp_path: Path) -> None:
     _racks_split()

@@ -12,6 +12,7 @@ same alert to Alertmanager, which does not notify it again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -28,12 +29,15 @@ from sqlalchemy import text
 
 from hbmwatch.detectors.base import make_finding
 from hbmwatch.records import Finding, Severity
+from hbmwatch.runtime.leader import FindingFeed
+from hbmwatch.settings import StoreSettings
 from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.findings import FindingLog
+from hbmwatch.store.leader import AdvisoryLock, OnlyProcess, leader_lock
 from hbmwatch.store.migrate import upgrade
+from hbmwatch.store.store import open_store
 from tests.alertmanager import WebhookSink, free_port, running_alertmanager
 
-pytestmark = pytest.mark.postgres
 TAKEOVER_S = 30.0
 
 
@@ -113,6 +117,8 @@ def _paged(sink: WebhookSink, host: str) -> int:
     return sum(n for key, n in _pages(sink).items() if key.startswith(host + "|"))
 
 
+@pytest.mark.postgres
+@pytest.mark.slow
 def test_leader_dies_and_another_pages_each_alert_once(pg_schema_url: str, tmp_path: Path) -> None:
     engine = create_store_engine(pg_schema_url)
     upgrade(engine)
@@ -177,3 +183,59 @@ def _delivered(engine: Any, host: str) -> bool:
             {"host": host},
         ).scalar()
     return bool(n)
+
+
+@pytest.mark.postgres
+def test_one_lock_holder_and_release_on_death(pg_schema_url: str) -> None:
+    """The lock is one session's; when that session dies (as with kill -9), another wins."""
+    first, second = AdvisoryLock(pg_schema_url), AdvisoryLock(pg_schema_url)
+    try:
+        assert first.try_acquire() and first.held()
+        assert not second.try_acquire()
+        engine = create_store_engine(pg_schema_url)
+        with engine.begin() as conn:  # the server ends the holder's session
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks "
+                    "WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()"
+                    " AND objid = (hashtextextended('hbmwatch alert leader:' "
+                    "|| current_schema(), 0) & 4294967295)::oid"
+                )
+            )
+        engine.dispose()
+        _wait("the holder to notice", lambda: not first.held(), timeout=10)
+        assert second.try_acquire() and second.held()
+        second.release()
+        assert not second.held()
+        assert first.try_acquire()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_feed_hands_each_statement_over_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'feed.db'}"
+    engine = create_store_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    store = open_store(StoreSettings(url=url))
+    try:
+        a, b = _finding("h1", "r0"), _finding("h2", "r1")
+        store.findings.save([a])
+        feed = FindingFeed(store)
+        assert [f.id for f in feed.first()] == [a.id]
+        feed.taken([a])
+        assert feed.next() == []
+        later = dataclasses.replace(a, updated_ms=a.updated_ms + 1000, summary="hotter")
+        store.findings.save([later, b])
+        assert {f.id: f.summary for f in feed.next()} == {a.id: "hotter", b.id: b.summary}
+        feed.taken(feed.next())
+        assert feed.next() == []
+        assert FindingFeed(store).cursor_ms == later.updated_ms  # a new leader resumes there
+    finally:
+        store.close()
+
+
+def test_sqlite_process_leads_alone() -> None:
+    lock = leader_lock("sqlite:///x.db")
+    assert isinstance(lock, OnlyProcess) and lock.try_acquire() and lock.held()

@@ -60,7 +60,7 @@ def test_documented_commands_exist() -> None:
     from hbmwatch.cli import app
 
     names = set(get_command(app).commands)  # type: ignore[attr-defined]
-    for command in ("up", "migrate", "collect", "sim", "bench", "docs"):
+    for command in ("up", "migrate", "collect", "detect", "sim", "bench", "docs"):
         assert command in names
 
 

@@ -41,7 +41,7 @@ from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.migrate import upgrade
 from tests.alertmanager import WebhookSink, running_alertmanager
 from tests.conftest import private_schema
-from tests.test_service import HBMWATCH, clean_env
+from tests.test_service import HBMWATCH, clean_env, free_port
 
 pytestmark = pytest.mark.postgres
 
@@ -173,10 +173,16 @@ def leaders(fleet: Fleet, names: tuple[str, ...]) -> list[str]:
 
 
 def engine_samples(engine: EngineProcess) -> float:
-    query = 'sum(count_over_time({__name__=~".+"}[1d]))'
-    answer = httpx.post(engine.url + "/api/v1/query", data={"query": query}, timeout=60).json()
-    result = answer["data"]["result"]
-    return float(result[0]["value"][1]) if result else 0.0
+    """Every sample the engine holds, counted there metric by metric (``count_over_time``
+    drops the name, so one query over every metric would join series of different names)."""
+    with httpx.Client(base_url=engine.url, timeout=60) as client:
+        names = client.get("/api/v1/label/__name__/values").json()["data"]
+        total = 0.0
+        for name in names:
+            query = f'sum(count_over_time({{__name__="{name}"}}[1d]))'
+            result = client.post("/api/v1/query", data={"query": query}).json()["data"]["result"]
+            total += float(result[0]["value"][1]) if result else 0.0
+        return total
 
 
 def open_incidents(url: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
@@ -190,6 +196,14 @@ def open_incidents(url: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
         return {(i.title, tuple(sorted(i.scope.items()))) for i in incidents}
     finally:
         store.close()
+
+
+def _get(url: str) -> Any:
+    try:
+        response = httpx.get(url, timeout=10)
+    except httpx.HTTPError:
+        return None
+    return response.json() if response.status_code == 200 else None
 
 
 ENGINES = {"victoria-metrics": VictoriaMetrics, "prometheus": PrometheusServer}
@@ -274,6 +288,18 @@ def test_sharded_fleet_on_a_real_engine(engine: EngineProcess, pg_url: str, tmp_
         wait("every sample offered counted in the engine", counted, 60, fleet)
         sharded = open_incidents(url)
         assert {dict(scope).get("host") for _, scope in sharded} >= set(DOWN_HOSTS), sharded
+
+        # An API process of its own answers from PostgreSQL and the engine.
+        port = free_port()
+        fleet.start("serve", "serve", "--port", str(port))
+        api = f"http://127.0.0.1:{port}"
+        wait("the API serving", lambda: _get(api + "/healthz") is not None, START_S, fleet)
+        items = _get(api + "/api/v1/incidents")["items"]
+        assert {i["title"] for i in items} == {title for title, _ in sharded}
+        answer = _get(api + "/prometheus/api/v1/query?query=count(gpu_power_watts)")
+        truth = json.loads((tmp_path / "truth.json").read_text())
+        assert answer["data"]["result"][0]["value"][1] == str(truth["gpus"])
+        fleet.stop("serve")
         for name in detectors[1:]:
             fleet.stop(name)
 

@@ -25,10 +25,11 @@ do not tell apart the pages of one port: vLLM services, training jobs); its ``ta
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from hbmwatch.collector.exposition import SeriesCache, parse
+from hbmwatch.collector.exposition import SeriesCache, SeriesRef, parse
 from hbmwatch.collector.sources.dcgm import DcgmTranslator
 from hbmwatch.collector.sources.dme import DmeTranslator
 from hbmwatch.collector.sources.inference import InferenceTranslator
@@ -96,9 +97,23 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _line(name: str, labels: Iterable[tuple[str, str]], value: float) -> str:
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-    return f"{name}{{{inner}}} {value!r}"
+def _series_text(name: str, labels: Iterable[tuple[str, str]]) -> str:
+    return name + "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """Where one federate series goes, worked out the first time it is read."""
+
+    source: str | None  # None: dropped as unmapped; "up": an exporter's health
+    exporter: tuple[str, str] = ("", "")  # job, instance
+    translator: tuple[Any, ...] = ()  # key of the exporter's translator
+    series: str = ""  # the series as its exporter's page showed it (no job, instance)
+    labels: Mapping[str, str] | None = None
+    identity: Mapping[str, str] | None = None
+
+
+UNMAPPED = _Route(None)
 
 
 class FederatedTranslator:
@@ -122,6 +137,8 @@ class FederatedTranslator:
         self.series_cap = series_cap
         self.params = [("match[]", s) for s in selectors(self.sources)]
         self._series = SeriesCache(series_cap)
+        self._routes: dict[str, _Route] = {}  # federate line key -> its route
+        self._by_exporter: dict[tuple[str, str], list[_Route]] = {}
         self._last: dict[str, int] = {}  # federate line key -> newest timestamp taken
         self._translators: dict[tuple[Any, ...], Any] = {}
         #: An ``up`` series' labels -> the health labels of its exporter, once matched.
@@ -133,6 +150,8 @@ class FederatedTranslator:
 
     def clear(self) -> None:
         self._series.clear()
+        self._routes.clear()
+        self._by_exporter.clear()
         for translator in self._translators.values():
             translator.clear()
 
@@ -144,12 +163,32 @@ class FederatedTranslator:
         out["host"] = host or instance_host(labels.get("instance", ""))
         return {k: v for k, v in out.items() if v}
 
+    def _route(self, series: SeriesRef) -> _Route:
+        source = "up" if series.name == "up" else ROUTES.get(series.name)
+        if source is None or (source != "up" and source not in self.sources):
+            return UNMAPPED
+        labels = series.label_dict()
+        exporter = (labels.get("job", ""), labels.get("instance", ""))
+        if source == "up":
+            return _Route("up", exporter, labels=labels)
+        identity = self.identity(labels)
+        page_labels = [(k, v) for k, v in series.labels if k not in FEDERATION_LABELS]
+        route = _Route(
+            source,
+            exporter,
+            (source, exporter, tuple(identity.items())),
+            _series_text(series.name, page_labels),
+            labels,
+            identity,
+        )
+        self._by_exporter.setdefault(exporter, []).append(route)
+        return route
+
     def _translator(self, key: tuple[Any, ...]) -> Any:
-        source, _, identity = key
-        identity = dict(identity)
         translator = self._translators.get(key)
         if translator is None:
-            cap = self.series_cap
+            source, _, identity = key
+            identity, cap = dict(identity), self.series_cap
             if source == "dcgm":
                 translator = DcgmTranslator(identity, series_cap=cap)
             elif source == "dme":
@@ -160,24 +199,21 @@ class FederatedTranslator:
             self._translators[key] = translator
         return translator
 
-    def _health_of(
-        self,
-        up: dict[str, str],
-        seen: Mapping[tuple[str, str], list[tuple[dict[str, str], str, dict[str, str]]]],
-    ) -> dict[str, str] | None:
+    def _health_of(self, up: _Route) -> dict[str, str] | None:
         """The health labels of the exporter an ``up`` series is of: the first series read
-        this time from its ``job`` and ``instance`` that carries all of ``up``'s labels."""
-        up.pop("__name__", None)
-        signature = tuple(sorted(up.items()))
+        from its ``job`` and ``instance`` that carries all of ``up``'s labels."""
+        assert up.labels is not None
+        signature = tuple(sorted((k, v) for k, v in up.labels.items() if k != "__name__"))
         health = self._health.get(signature)
         if health is not None:
             return health
-        exporter = (up.get("job", ""), up.get("instance", ""))
-        for labels, source, identity in seen.get(exporter, ()):
-            if all(labels.get(k) == v for k, v in signature):
+        for route in self._by_exporter.get(up.exporter, ()):
+            assert route.labels is not None and route.identity is not None
+            if all(route.labels.get(k) == v for k, v in signature):
                 rest = ",".join(f"{k}={v}" for k, v in signature if k not in FEDERATION_LABELS)
-                target = "/".join(exporter) + (f"{{{rest}}}" if rest else "")
-                health = self._health[signature] = {**identity, "target": target, "source": source}
+                target = "/".join(up.exporter) + (f"{{{rest}}}" if rest else "")
+                health = {**route.identity, "target": target, "source": str(route.source)}
+                self._health[signature] = health
                 return health
         return None
 
@@ -188,39 +224,35 @@ class FederatedTranslator:
             out.drop("malformed", page.malformed, "; ".join(page.first_errors))
         if page.series_capped:
             out.drop("series_cap", page.series_capped)
-        pages: dict[tuple[Any, ...], list[str]] = {}
-        ups: list[tuple[dict[str, str], int, float]] = []
-        seen: dict[tuple[str, str], list[tuple[dict[str, str], str, dict[str, str]]]] = {}
-        last = self._last
+        pages: dict[tuple[int, tuple[Any, ...]], list[str]] = {}
+        ups: list[tuple[_Route, int, float]] = []
+        last, routes = self._last, self._routes
         for sample in page.samples:
-            name = sample.series.name
-            source = ROUTES.get(name)
-            if name != "up" and (source is None or source not in self.sources):
-                out.drop("unmapped")
+            route = routes.get(sample.key)
+            if route is None:
+                route = routes[sample.key] = self._route(sample.series)
+            if route.source is None:
+                out.dropped["unmapped"] += 1
                 continue
             ts = ts_ms if sample.timestamp_ms is None else sample.timestamp_ms
             if last.get(sample.key, ts - 1) >= ts:  # read before: not a new sample
                 continue
             last[sample.key] = ts
-            labels = sample.series.label_dict()
-            exporter = (labels.get("job", ""), labels.get("instance", ""))
-            if source is None:  # up
-                ups.append((labels, ts, sample.value))
+            if route.source == "up":
+                ups.append((route, ts, sample.value))
                 continue
-            identity = self.identity(labels)
-            seen.setdefault(exporter, []).append((labels, source, identity))
-            page_labels = [(k, v) for k, v in sample.series.labels if k not in FEDERATION_LABELS]
-            key = (source, exporter, tuple(identity.items()))
-            lines = pages.setdefault((ts, key), [])
-            lines.append(_line(sample.series.name, page_labels, sample.value))
+            lines = pages.get((ts, route.translator))
+            if lines is None:
+                lines = pages[ts, route.translator] = []
+            lines.append(f"{route.series} {sample.value!r}")
         for (ts, key), lines in sorted(pages.items(), key=lambda kv: kv[0][0]):
             collected = self._translator(key).translate_text("\n".join(lines), ts)
             out.samples.extend(collected.samples)
             out.dropped.update(collected.dropped)
             out.devices.update(collected.devices)
             out.errors.extend(collected.errors[: max(0, 5 - len(out.errors))])
-        for labels, ts, value in ups:
-            if (health := self._health_of(labels, seen)) is not None:
+        for route, ts, value in ups:
+            if (health := self._health_of(route)) is not None:
                 out.samples.append(Sample(SeriesKey("hbmwatch_target_up", health), ts, value))
         if len(last) > 2 * len(page.samples) + 10_000:  # forget series gone from the server
             keep = {s.key for s in page.samples}
