@@ -4,7 +4,7 @@ Prometheus scraping the same simulated fleet in the same run.
 One fleet (``hbmwatch sim`` in its own process, on a slow simulated clock so that serving
 its pages costs little) is scraped in three phases, one after another (a small machine's
 cores are shared): A, one ``hbmwatch collect`` into a fresh VictoriaMetrics; B, two,
-``collector.shard`` 0/2 and 1/2, into another; C, the baseline, a real Prometheus with a
+``--shard 0/2`` and ``1/2``, into another; C, the baseline, a real Prometheus with a
 scrape config listing the same pages at the same interval.
 
 Each phase warms up (series registered, first samples stored), then is measured over a
@@ -67,14 +67,18 @@ def cpu_seconds(pid: int) -> float:
 
 
 def fleet_toml(gpus: int) -> str:
-    """``gpus`` (a multiple of 8) on racks of up to 8 nodes of 8 GPUs, four SKUs."""
+    """``gpus`` (a multiple of 8) on racks of up to 8 nodes of 8 GPUs, four SKUs, a training
+    job a rack: the shape ``bench collect`` scrapes (exporter pages of 8 GPUs each, one
+    step-time page a job), not a vLLM page per GPU."""
     skus = ("MI300X", "H200", "MI355X", "H100")
     nodes, racks = gpus // 8, []
     while nodes > 0:
         racks.append({"name": f"r{len(racks)}", "nodes": min(8, nodes),
                       "sku": skus[len(racks) % 4]})  # fmt: skip
         nodes -= 8
-    return _scenario_toml({"name": "scale", "duration": "24h", "seed": 3, "racks": racks})
+    jobs = [{"name": f"job{r['name']}", "racks": [r["name"]]} for r in racks]
+    return _scenario_toml({"name": "scale", "duration": "24h", "seed": 3, "racks": racks,
+                           "workload": {"training": jobs}})  # fmt: skip
 
 
 @contextmanager
@@ -111,12 +115,18 @@ def query(engine: EngineProcess, promql: str, at: float | None = None) -> float:
     return float(result[0]["value"][1]) if result else 0.0
 
 
-def appended(prometheus: EngineProcess) -> float:
-    """``prometheus_tsdb_head_samples_appended_total``, summed over its sample types."""
-    text = httpx.get(prometheus.url + "/metrics", timeout=30).text
-    lines = text.splitlines()
-    name = "prometheus_tsdb_head_samples_appended_total"
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name))
+def self_metric(engine: EngineProcess, name: str) -> float:
+    """The engine's own counter ``name`` from its /metrics page, summed over its labels."""
+    lines = httpx.get(engine.url + "/metrics", timeout=30).text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith((name + " ", name + "{")))  # fmt: skip
+
+
+def appended(engine: EngineProcess) -> float:
+    """Samples the engine has taken in: appended to Prometheus' head, inserted into VM."""
+    if isinstance(engine, PrometheusServer):
+        return self_metric(engine, "prometheus_tsdb_head_samples_appended_total")
+    return self_metric(engine, "vm_rows_inserted_total")
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
@@ -135,7 +145,7 @@ def measure(
     progress: Progress,
 ) -> dict[str, Any]:
     """Warm up, then the window: CPU of each role's processes, samples the engine holds."""
-    wait_for(lambda: query(engine, f"count({ALL})") > 0, f"the first samples in {engine.name}")
+    wait_for(lambda: appended(engine) > 0, f"the first samples in {engine.name}")
     _tick(f"{stage}: warm-up", spec.warmup_s, progress)
     before = {role: sum(cpu_seconds(p) for p in ps) for role, ps in pids.items()}
     prometheus = isinstance(engine, PrometheusServer)
@@ -173,7 +183,7 @@ def _tick(stage: str, seconds: float, progress: Progress) -> None:
 
 
 def collector_config(folder: Path, name: str, vm: VictoriaMetrics, targets: Path,
-                     spec: ScaleSpec, shard: str | None) -> Path:  # fmt: skip
+                     spec: ScaleSpec) -> Path:  # fmt: skip
     """The TOML of one ``hbmwatch collect``: its own SQLite registry, samples to ``vm``."""
     store = StoreSettings(url=f"sqlite:///{folder / name}.db")
     migrate(Settings(store=store))
@@ -181,8 +191,6 @@ def collector_config(folder: Path, name: str, vm: VictoriaMetrics, targets: Path
              "[store.remote]", f'write_url = "{vm.write_url}"', f'query_url = "{vm.url}"',
              "[collector]", f'target_file = "{targets}"', f"interval_seconds = {spec.interval_s}",
              f'spool_dir = "{folder / name}-spool"']  # fmt: skip
-    if shard is not None:
-        lines.append(f'shard = "{shard}"')
     path = folder / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -207,11 +215,12 @@ def collector_phase(
         procs = []
         try:
             for i, shard in enumerate(shards):
-                config = collector_config(folder, f"collector{i}", vm, targets, spec, shard)
+                config = collector_config(folder, f"collector{i}", vm, targets, spec)
+                argv = [sys.executable, "-m", "hbmwatch.cli", "collect", "--config", str(config),
+                        *(["--shard", shard] if shard else [])]  # fmt: skip
                 with (folder / f"collector{i}.log").open("w") as log_file:
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "hbmwatch.cli", "collect", "--config", str(config)],
-                        stdout=subprocess.DEVNULL, stderr=log_file))  # fmt: skip
+                    procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                                  stderr=log_file))  # fmt: skip
             roles = {"collector": [p.pid for p in procs], "engine": [vm.pid], "fleet": [fleet_pid]}
             result = measure(spec, vm, roles, stage, progress)
         finally:
@@ -220,13 +229,15 @@ def collector_phase(
             for p in procs:
                 p.wait(timeout=120)
         totals = [stopped_totals(folder / f"collector{i}.log") for i in range(len(procs))]
-        written = sum(int(t["written"]) for t in totals)
+        # Stored by the collectors: written at once, or spooled (a busy writer) and replayed.
+        written = sum(int(t["written"]) + int(t["replayed"]) for t in totals)
         progress(f"{stage}: counting", 0, 1)
         stored = _settled_count(vm, written, began)
         progress(f"{stage}: counting", 1, 1)
+    spooled = sum(int(t["spooled"]) for t in totals)
     return {**result, "processes": len(procs), "written": written, "stored": stored,
-            "targets_scraped": sum(int(t["targets"]) for t in totals),
-            "spooled": sum(int(t["spooled"]) for t in totals)}  # fmt: skip
+            "targets_scraped": sum(int(t["targets"]) for t in totals), "spooled": spooled,
+            "left_in_spool": spooled - sum(int(t["replayed"]) for t in totals)}  # fmt: skip
 
 
 def _settled_count(vm: VictoriaMetrics, written: int, since: float, timeout_s: float = 60.0) -> int:

@@ -455,6 +455,12 @@ def _print_checks(p: dict[str, Any], targets: int) -> None:
         f"{p['name']}: the collectors wrote {p['written']:,} samples in all, VictoriaMetrics "
         f"counts {p['stored']:,}: {verdict}"
     )
+    if p["spooled"]:
+        console.print(
+            f"{p['name']}: {p['spooled']:,} samples went through the disk spool (the writer "
+            f"behind: the first round's series, or a busy host), {p['left_in_spool']:,} still "
+            "there at the stop"
+        )
     if not p["shards_partition"]:
         console.print(
             f"[bold red]{p['name']}: the collectors scraped {p['targets_scraped']} targets of "
