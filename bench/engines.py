@@ -168,16 +168,6 @@ class VictoriaMetrics(EngineProcess):
     def write_url(self) -> str:
         return self.url + "/api/v1/write"
 
-    def count(self, selector: str) -> float:
-        """``count_over_time`` of everything ever written: samples stored, counted by VM."""
-        answer = httpx.post(
-            self.url + "/api/v1/query",
-            data={"query": f"sum(count_over_time({selector}[100y]))"},
-            timeout=60,
-        ).json()
-        result = answer["data"]["result"]
-        return float(result[0]["value"][1]) if result else 0.0
-
 
 class PrometheusServer(EngineProcess):
     """Prometheus with its remote-write receiver on, scraping what ``config`` says."""
