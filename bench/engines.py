@@ -16,6 +16,8 @@ from pathlib import Path
 
 import httpx
 
+from hbmwatch.validation import HbmwatchError
+
 #: Debian's package of each binary (apt-get install --no-install-recommends ...).
 PACKAGES = {
     "victoria-metrics": "victoria-metrics",
@@ -24,7 +26,7 @@ PACKAGES = {
 }
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(HbmwatchError):
     """The engine is not installed, or did not become ready."""
 
 

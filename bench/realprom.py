@@ -13,26 +13,23 @@ from __future__ import annotations
 
 import math
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-import httpx
 import numpy as np
 
+from hbmwatch.bench.engines import EngineProcess, EngineUnavailable
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.store.store import Store
-from hbmwatch.validation import HbmwatchError
 
 #: Series dumped per database round trip.
 _DUMP_BATCH = 500
 
 
-class PrometheusUnavailable(HbmwatchError):
+class PrometheusUnavailable(EngineUnavailable):
     """promtool or prometheus is missing, or the server would not load or start."""
 
 
@@ -150,97 +147,31 @@ def create_blocks(series: Iterable[SeriesSamples], folder: Path) -> Path:
     return tsdb
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RealPrometheus:
+class RealPrometheus(EngineProcess):
     """``prometheus`` serving a backfilled TSDB on a free loopback port; stop it by PID.
 
     >>> # with RealPrometheus.over(series, tmp) as prom: httpx.get(prom.url + "/api/v1/query", ...)
     """
 
     def __init__(self, tsdb: Path, *, ready_timeout_s: float = 120.0) -> None:
-        _, self._binary = binaries()
         self.tsdb = tsdb
-        self._config = tsdb.parent / "prometheus.yml"
-        self._config.write_text("global: {}\n")
-        self._log = (tsdb.parent / "prometheus.log").open("w")
-        # The free port is free when asked, not always when prometheus binds it: try again.
-        for attempt in range(3):
-            self._start(_free_port())
-            try:
-                self._wait_ready(ready_timeout_s)
-                return
-            except PrometheusUnavailable:
-                exited = self.process.poll() is not None  # e.g. the port was taken meanwhile
-                self.stop(close_log=False)
-                if not exited or attempt == 2:
-                    self._log.close()
-                    raise
-            except BaseException:
-                self.stop()
-                raise
-
-    def _start(self, port: int) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.process = subprocess.Popen(
-            [
-                self._binary,
-                f"--storage.tsdb.path={self.tsdb}",
-                f"--config.file={self._config}",
-                "--storage.tsdb.retention.time=100y",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--query.lookback-delta=5m",
-                # PromQL that hbmwatch evaluates and 2.42 keeps behind a flag.
-                "--enable-feature=promql-negative-offset",
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        (tsdb.parent / "prometheus.yml").write_text("global: {}\n")
+        args = [
+            f"--storage.tsdb.path={tsdb}",
+            "--config.file={folder}/prometheus.yml",
+            "--storage.tsdb.retention.time=100y",
+            "--web.listen-address=127.0.0.1:{port}",
+            "--query.lookback-delta=5m",
+            # PromQL that hbmwatch evaluates and 2.42 keeps behind a flag.
+            "--enable-feature=promql-negative-offset",
+        ]
+        try:
+            super().__init__("prometheus", args, tsdb.parent, ready_path="/-/ready",
+                             ready_timeout_s=ready_timeout_s)  # fmt: skip
+        except EngineUnavailable as exc:
+            raise PrometheusUnavailable(str(exc)) from None
 
     @classmethod
     def over(cls, series: Iterable[SeriesSamples], folder: Path) -> RealPrometheus:
         """Backfill ``folder`` with the samples and start a server over them."""
         return cls(create_blocks(series, folder))
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self._log.flush()
-                lines = Path(self._log.name).read_text(errors="replace").strip().splitlines()
-                raise PrometheusUnavailable(
-                    f"prometheus exited with {self.process.returncode} before it was ready: "
-                    f"{(lines or ['no output'])[-1][:300]}"
-                )
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)  # polling a condition, with a deadline
-        raise PrometheusUnavailable(
-            f"prometheus not ready after {timeout_s:g} s; see {self._log.name}"
-        )
-
-    def stop(self, *, close_log: bool = True) -> None:
-        """Terminate the server (its own PID only), then kill it if it lingers."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=30)
-        if close_log:
-            self._log.close()
-
-    def __enter__(self) -> RealPrometheus:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
