@@ -77,6 +77,15 @@ def _settings(config: Path | None) -> Settings:
     return settings
 
 
+def _bound(settings: Settings, host: str | None, port: int | None) -> Settings:
+    """``--host`` and ``--port`` over the settings' API address."""
+    if host is not None:
+        settings.api.host = host
+    if port is not None:
+        settings.api.port = port
+    return settings
+
+
 def _check_store(settings: Settings) -> None:
     try:
         preflight.check_store(settings.store)
@@ -102,11 +111,7 @@ def up(
     port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default 8427).")] = None,
 ) -> None:
     """Migrate, then run the service: store maintenance and the HTTP API."""
-    settings = _settings(config)
-    if host is not None:
-        settings.api.host = host
-    if port is not None:
-        settings.api.port = port
+    settings = _bound(_settings(config), host, port)
     try:  # before anything starts: a taken port or a missing database fails in one line
         preflight.before_up(settings)
     except HbmwatchError as exc:
@@ -124,11 +129,7 @@ def serve(
     port: Annotated[int | None, typer.Option(min=1, max=65535, help="Port (default 8427).")] = None,
 ) -> None:
     """Run the HTTP API alone over a migrated store others write (docs/scale.md)."""
-    settings = _settings(config)
-    if host is not None:
-        settings.api.host = host
-    if port is not None:
-        settings.api.port = port
+    settings = _bound(_settings(config), host, port)
     try:
         preflight.check_store(settings.store, must_exist=True)
         preflight.check_api_port(settings.api.host, settings.api.port)

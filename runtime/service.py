@@ -227,14 +227,7 @@ async def run(settings: Settings) -> None:
         extra = simulator_targets(sim_targets, settings)
     collector = build_collector(settings, store, extra, registry)
     status.collector_last_round_ms = lambda: collector.last_round_ms
-    owned = collector.current_targets()
-    logger.info(
-        "collector starting",
-        shard=str(collector.targets.shard),
-        targets=len(owned),
-        targets_total=collector.targets.total,
-        local_sources=len(collector.local_sources),
-    )
+    _log_start(collector)
     stop_on_signals(stop)
     try:
         with exits_on_fatal():
@@ -302,13 +295,7 @@ async def collect(
                 reports = await collector.scrape_round()
             await collector.sink.flush()
             return reports
-        owned = collector.current_targets()
-        logger.info(
-            "collector starting",
-            shard=str(collector.targets.shard),
-            targets=len(owned),
-            targets_total=collector.targets.total,
-        )
+        _log_start(collector)
         stop_on_signals(stop)
         with exits_on_fatal():
             async with asyncio.TaskGroup() as group:
@@ -334,6 +321,16 @@ async def _report_progress(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every)
         _log_totals(collector, "collector progress")
+
+
+def _log_start(collector: ScrapeEngine) -> None:
+    logger.info(
+        "collector starting",
+        shard=str(collector.targets.shard),
+        targets=len(collector.current_targets()),
+        targets_total=collector.targets.total,
+        local_sources=len(collector.local_sources),
+    )
 
 
 def _log_totals(collector: ScrapeEngine, event: str) -> None:
