@@ -107,7 +107,11 @@ def _wait_until_detected(base: str, seconds: float = 120) -> None:
     """Until a detection cycle has seen temperatures (its thermal margins are exported)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        text = httpx.get(f"{base}/metrics", timeout=30).text
+        try:  # the API's own process may still be starting on a loaded machine
+            text = httpx.get(f"{base}/metrics", timeout=30).text
+        except httpx.ConnectError:
+            time.sleep(1)
+            continue
         families = {f.name: f.samples for f in text_string_to_metric_families(text)}
         if families.get("hbmwatch_gpu_thermal_margin_celsius"):
             return
