@@ -40,6 +40,23 @@ def _logging_as_found() -> Iterator[None]:
     root.setLevel(level)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first (a timeout over the default, then ``slow``): ``-n auto
+    --dist loadfile`` hands out files in this order, so a file of minutes starts while the
+    short ones fill the other worker, not after them."""
+
+    def weight(item: pytest.Item) -> tuple[float, int]:
+        timeout = item.get_closest_marker("timeout")
+        seconds = float(timeout.args[0]) if timeout and timeout.args else 0.0
+        return (-seconds, 0 if item.get_closest_marker("slow") else 1)
+
+    by_file: dict[str, tuple[float, int]] = {}
+    for item in items:  # a file weighs what its heaviest test does; its own order stays
+        by_file[item.location[0]] = min(by_file.get(item.location[0], (0.0, 1)), weight(item))
+    order = {id(item): n for n, item in enumerate(items)}
+    items.sort(key=lambda item: (by_file[item.location[0]], order[id(item)]))
+
+
 def require_service(env: str, what: str) -> str:
     value = os.environ.get(env)
     if value:
