@@ -439,7 +439,10 @@ def test_skipped_and_late_ticks_are_counted_and_logged(sqlite_store: Store, tmp_
     assert registry.get_sample_value("hbmwatch_collector_skipped_ticks_total") == skipped
     assert registry.get_sample_value("hbmwatch_collector_late_scrapes_total") == late
     (behind,) = [e for e in logs if e["event"] == "collector falling behind"]  # one a minute
-    assert behind["skipped_ticks"] > 0 and behind["worst_target"].endswith("/metrics")
+    # The line sums what changed since the last one: on a loaded machine the first late
+    # wake-up may come before the first skipped tick, and the next line is a minute away.
+    assert behind["skipped_ticks"] + behind["late_scrapes"] > 0
+    assert behind["worst_target"].endswith("/metrics")
     stored = sqlite_store.latest(parse_selector('hbmwatch_scrape_skipped_ticks_total{host="slow"}'))
     assert stored and stored[0].value > 0
 
