@@ -46,8 +46,10 @@ logger = log.get("hbmwatch.store.remote")
 MAX_VALUES_PER_MATCHER = 512
 #: A refusal by the receiver is logged at most this often (it is counted every time).
 REFUSAL_LOG_SECONDS = 60.0
-#: How often the detectors' reads ask the engine for watched series the registry lacks.
-DISCOVER_EVERY_SECONDS = 30.0
+#: How often the detectors' reads ask the engine for watched series the registry lacks,
+#: once they have some (collectors sharing the registry register theirs as they write;
+#: a listing of every watched series is not work for every cycle).
+DISCOVER_EVERY_SECONDS = 600.0
 
 
 def narrowing(keys: Iterable[SeriesKey]) -> list[Matcher]:
@@ -268,9 +270,7 @@ class RemoteStore(Store):
     def watch(
         self, metric_names: Iterable[str], wants: Callable[[SeriesKey], bool] | None = None
     ) -> None:
-        self._watched_metrics = frozenset(metric_names)
-        self._wants = wants
-        self._watched_cache = None
+        super().watch(metric_names, wants)
         self._discovered_at = -float("inf")
 
     def _discover(self, lo: int, hi: int) -> None:
@@ -279,8 +279,6 @@ class RemoteStore(Store):
         The registry fills as collectors write; a detector process over a store of its own
         (a fresh schema, data another deployment wrote) learns the series from the engine.
         Every series is judged as a write would judge it; what fails is left out."""
-        if time.monotonic() - self._discovered_at < DISCOVER_EVERY_SECONDS:
-            return
         self._discovered_at = time.monotonic()
         names = _one_of(NAME_LABEL, set(self._watched_metrics))
         keys = {_key_of(labels) for labels in self.reader.series([names], lo, hi)}
@@ -299,9 +297,11 @@ class RemoteStore(Store):
         """
         now = self.now_ms()
         self.series_registry.refresh()
-        if self._watched_metrics:
-            self._discover(since_ms, now)
         ids = self._watched_ids()
+        stale = time.monotonic() - self._discovered_at >= DISCOVER_EVERY_SECONDS
+        if self._watched_metrics and (not ids or stale):
+            self._discover(since_ms, now)
+            ids = self._watched_ids()
         fetched = self._fetch(ids, since_ms, now) if ids else {}
         block = SampleBlock.concat(
             [SampleBlock(np.full(len(t), sid, np.int64), t, v) for sid, (t, v) in fetched.items()]

@@ -29,7 +29,7 @@ class Watching:
 
     settings: StoreSettings
     series_registry: SeriesRegistry
-    feed: RecentSamples
+    feed: RecentSamples | None  # None: a RemoteStore
     now_ms: Callable[[], int]
     _watched_metrics: frozenset[str]
     _wants: Callable[[SeriesKey], bool] | None
@@ -45,7 +45,8 @@ class Watching:
         self._watched_metrics = frozenset(metric_names)
         self._wants = wants
         self._watched_cache = None
-        self.feed.reset_watch()
+        if self.feed is not None:  # a RemoteStore keeps none: its readers read the engine
+            self.feed.reset_watch()
 
     def _is_watched(self, series_id: int) -> bool:
         key = self.series_registry.keys.get(series_id)

@@ -269,7 +269,6 @@ def sharded_fleet(engine: EngineProcess, pg_url: str, tmp_path: Path) -> None:
 
         # The second fault pages from the new leader, once; the first is not paged again.
         wait("the second page", lambda: firing_pages(sink).get(DOWN_HOSTS[1]), PAGE_S + 110, fleet)
-        time.sleep(0)  # nothing more to wait for: the counts below must already hold
         assert firing_pages(sink) == {DOWN_HOSTS[0]: 1, DOWN_HOSTS[1]: 1}
 
         # Every sample the collectors wrote is in the engine.
