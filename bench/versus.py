@@ -20,6 +20,8 @@ work offered to both).
 
 from __future__ import annotations
 
+import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,10 +33,10 @@ from typing import Any
 
 import httpx
 import numpy as np
-from sqlalchemy import text
 
 from hbmwatch.bench.benchmarks import _scenario_toml, machine
 from hbmwatch.bench.engines import EngineUnavailable, PrometheusServer, free_port
+from hbmwatch.bench.realprom import SeriesSamples, create_blocks, dump_store
 from hbmwatch.bench.scale import (
     Progress,
     _quiet,
@@ -135,7 +137,7 @@ def hbmwatch_phase(folder: Path, spec: VersusSpec, targets: Path, progress: Prog
     with (folder / "collect.log").open("w") as log_file:
         collector = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log_file)
     try:
-        wait_for(lambda: _head_count(url) > 0, "hbmwatch's first samples")
+        wait_for(lambda: _stored(url) > 0, "hbmwatch's first samples")
         start, end, cpu = _window(spec, collector.pid, progress, "H  hbmwatch")
     finally:
         collector.terminate()
@@ -145,17 +147,16 @@ def hbmwatch_phase(folder: Path, spec: VersusSpec, targets: Path, progress: Prog
              "written": int(totals["written"]) + int(totals["replayed"]),
              "spooled": int(totals["spooled"])}  # fmt: skip
     phase.update(_hbmwatch_reads(url, start, end, spec))
-    phase.update(_hbmwatch_bytes(url, end))
+    phase.update(_hbmwatch_bytes(url, end, folder))
     phase["range_query"] = _serve_query(config, port, start, end, folder)
     return phase
 
 
-def _head_count(url: str, lo_ms: int = 0, hi_ms: int = 2**62) -> int:
+def _stored(url: str, lo_ms: int = 0, hi_ms: int = 2**62) -> int:
+    """Samples the store holds in ``[lo_ms, hi_ms)``, compacted or not."""
     store = open_store(StoreSettings(url=url))
     try:
-        with store.engine.connect() as conn:
-            count = "SELECT count(*) FROM samples_head WHERE ts >= :lo AND ts < :hi"
-            return int(conn.execute(text(count), {"lo": lo_ms, "hi": hi_ms}).scalar_one())
+        return sum(len(s.timestamps_ms) for s in dump_store(store, lo_ms, hi_ms))
     finally:
         store.close()
 
@@ -174,7 +175,7 @@ def _hbmwatch_reads(url: str, start: float, end: float, spec: VersusSpec) -> dic
     rounds = (end - start) / spec.interval_s
     kept = [len(times) / rounds for _, times, _, _ in ups]
     values = [float(v) for _, _, vals, _ in durations for v in vals]
-    return {"samples": _head_count(url, lo, hi), "targets": len(ups),
+    return {"samples": _stored(url, lo, hi), "targets": len(ups),
             "rounds_kept": float(np.mean(kept)) if kept else 0.0,
             "scrape": _quantiles(values)}  # fmt: skip
 
@@ -183,17 +184,20 @@ def _named(metric: str) -> list[Matcher]:
     return [Matcher("__name__", MatchOp.EQ, metric)]
 
 
-def _hbmwatch_bytes(url: str, end: float) -> dict[str, Any]:
-    """Every closed minute compacted (a clock an hour on), then the file weighed."""
+def _hbmwatch_bytes(url: str, end: float, folder: Path) -> dict[str, Any]:
+    """Every closed minute compacted (a clock an hour on), then the file weighed; and the
+    very same samples as a Prometheus block (``promtool tsdb create-blocks-from``)."""
     store = open_store(StoreSettings(url=url), clock=lambda: end + 3600)
     try:
-        with store.engine.connect() as conn:
-            total = int(conn.execute(text("SELECT count(*) FROM samples_head")).scalar_one())
-            first, last = conn.execute(text("SELECT min(ts), max(ts) FROM samples_head")).one()
         store.compact()
         sizes = bytes_at_rest(store.engine)
+        every = list(dump_store(store))
+        same_data = _block_of(every, folder / "same-data")
     finally:
         store.close()
+    total = sum(len(s.timestamps_ms) for s in every)
+    first = min(int(s.timestamps_ms[0]) for s in every)
+    last = max(int(s.timestamps_ms[-1]) for s in every)
     samples_only = sum(v for k, v in sizes.items() if k.startswith(("samples_", "rollup")))
     registry = sum(sizes.values()) - samples_only
     span_s = max(1.0, (last - first) / 1000)
@@ -201,7 +205,24 @@ def _hbmwatch_bytes(url: str, end: float) -> dict[str, Any]:
             "bytes_per_sample": sum(sizes.values()) / total,
             "sample_bytes_per_sample": samples_only / total,
             # a day of samples per series carries the same registry: its share shrinks
-            "bytes_per_sample_day": (samples_only + registry * span_s / DAY_S) / total}  # fmt: skip
+            "bytes_per_sample_day": (samples_only + registry * span_s / DAY_S) / total,
+            "prometheus_block_same_data": same_data}  # fmt: skip
+
+
+def _block_of(every: list[SeriesSamples], folder: Path) -> dict[str, Any]:
+    """Bytes per sample of a Prometheus block holding exactly these samples."""
+    try:
+        tsdb = create_blocks(every, folder)
+    except EngineUnavailable as exc:
+        return {"skipped": str(exc)}
+    files = [p for p in tsdb.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    index = sum(p.stat().st_size for p in files if p.name == "index")
+    samples = sum(int(json.loads(p.read_text())["stats"]["numSamples"])
+                  for p in tsdb.rglob("meta.json"))  # fmt: skip
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"samples": samples, "bytes": size, "index_bytes": index,
+            "bytes_per_sample": size / samples if samples else float("nan")}  # fmt: skip
 
 
 def _serve_query(config: Path, port: int, start: float, end: float, folder: Path) -> dict:
@@ -313,5 +334,7 @@ def _compare(report: dict[str, Any]) -> None:
         / prom["cpu_per_million_page_samples"],
         "bytes_per_sample": ours["bytes_per_sample"] / prom["bytes_per_sample"],
         "bytes_per_sample_day": ours["bytes_per_sample_day"] / prom["bytes_per_sample"],
+        "bytes_per_sample_same_data": ours["bytes_per_sample"]
+        / ours["prometheus_block_same_data"].get("bytes_per_sample", float("nan")),
         "range_query_median": ours["range_query"]["median_ms"] / prom["range_query"]["median_ms"],
     }

@@ -80,7 +80,16 @@ def print_report(report: dict[str, Any]) -> None:
             f"registry over a day); range query {ratios['range_query_median']:.2f}x"
         )
     ours = report["phases"]["hbmwatch"]
-    if ours["spooled"]:
+    block = ours.get("prometheus_block_same_data", {})
+    if "bytes_per_sample" in block:
+        console.print(
+            f"the same {block['samples']:,} samples hbmwatch stored, as a Prometheus block "
+            f"(promtool): {block['bytes_per_sample']:.2f} bytes/sample against hbmwatch's "
+            f"{ours['bytes_per_sample']:.2f}"
+        )
+    elif "skipped" in block:
+        console.print(f"no Prometheus block of the same samples: {block['skipped']}")
+    if ours.get("spooled"):
         console.print(f"hbmwatch: {ours['spooled']:,} samples went through the disk spool")
     console.print(f"the simulated fleet used {report['fleet_cpu_s']:.1f} CPU-s (not counted)")
     for item in report["skipped"]:
