@@ -61,7 +61,8 @@ def fleet(gpus: int) -> Iterator[list[dict[str, Any]]]:
         (folder / "fleet.toml").write_text(inference_fleet_toml(gpus))
         targets_file = folder / "targets.json"
         argv = [sys.executable, "-m", "hbmwatch.cli", "sim", str(folder / "fleet.toml"),
-                "--port", "0", "--speed", "0.01", "--targets", str(targets_file)]  # fmt: skip
+                "--port", "0", "--speed", "0.01", "--targets", str(targets_file),
+                "--truth", str(folder / "truth.json")]  # fmt: skip
         with (folder / "sim.log").open("w") as log_file:
             sim = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
         try:
