@@ -15,18 +15,21 @@ answering is sent once more).  What the caller does: the deadline (scrape.py's
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ssl
 import zlib
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 import httpx
 
 #: Response headers larger than this are refused (a trickling target's head never ends).
 MAX_HEAD_BYTES = 64 * 2**10
 Params = list[tuple[str, str]] | None
+#: What stays as it is in a request's path and query (RFC 3986's reserved and unreserved).
+_SAFE = "/%:@!$&'()*+,;=-._~"
 
 
 class PageError(Exception):
@@ -219,8 +222,8 @@ def _build_route(url: str, query: str, headers: Mapping[str, str]) -> _Route:
         raise FetchError(f"UnsupportedProtocol: {url!r} is not an http(s) URL")
     tls = parts.scheme == "https"
     port = port or (443 if tls else 80)
-    path = parts.path or "/"
-    query = "&".join(q for q in (parts.query, query) if q)
+    path = quote(parts.path or "/", safe=_SAFE)
+    query = "&".join(q for q in (quote(parts.query, safe=_SAFE + "?"), query) if q)
     target = f"{path}?{query}" if query else path
     host = parts.hostname
     host_header = f"[{host}]" if ":" in host else host
@@ -228,7 +231,14 @@ def _build_route(url: str, query: str, headers: Mapping[str, str]) -> _Route:
         host_header += f":{port}"
     lines = [f"GET {target} HTTP/1.1", f"Host: {host_header}", "Accept-Encoding: gzip, deflate",
              "User-Agent: hbmwatch", *(f"{k}: {v}" for k, v in headers.items())]  # fmt: skip
-    return _Route(host, port, tls, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    if parts.username is not None:  # http://user:password@host/: basic auth, as httpx did
+        secret = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        lines.append(f"Authorization: Basic {base64.b64encode(secret).decode()}")
+    try:
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+    except UnicodeEncodeError:
+        raise FetchError(f"InvalidURL: {url!r} has a host that is not ASCII") from None
+    return _Route(host, port, tls, request)
 
 
 async def _response(conn: _Connection, limit: int) -> tuple[bytes, bool]:

@@ -147,6 +147,20 @@ def test_headers_and_federate_params_as_httpx_sends_them() -> None:
     )
 
 
+def test_basic_auth_and_odd_paths_as_httpx_sends_them() -> None:
+    async def run() -> list[bytes]:
+        async with RawServer(lambda n: sized(PAGE)) as server:
+            url = server.url.replace("http://", "http://us%40er:p%3Ass@") + "/a b/ü"
+            await ours(url)
+            await theirs(url)
+            return server.heads
+
+    mine, httpx_head = (h.decode().split("\r\n") for h in asyncio.run(run()))
+    assert mine[0] == httpx_head[0]  # the request line: the path quoted alike
+    auth = [h for h in mine if h.startswith("Authorization:")]
+    assert auth and auth == [h for h in httpx_head if h.startswith("Authorization:")]
+
+
 @pytest.mark.parametrize("status", [404, 500, 503])
 def test_a_status_other_than_200_is_a_page_error(status: int) -> None:
     async def run() -> None:
