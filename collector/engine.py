@@ -4,9 +4,9 @@ Each target gets a loop: wait for its next tick (spread over the interval by a f
 per-target offset, so a thousand targets do not fire together), fetch with a timeout
 (one kept-alive connection a target, collector/http.py), parse, translate into canonical
 samples, and hand them to a batching sink that writes to the store from a thread
-(spooling while the store is down).  Alongside its samples every
-scrape writes the target's own health: ``hbmwatch_target_up``, the scrape's duration, its
-sample count and what it dropped by reason.  A target that stops answering gets ``up 0``
+(spooling while the store is down).  Alongside its samples every scrape writes the
+target's own health: ``hbmwatch_target_up``, the scrape's duration, its sample count and
+what it dropped by reason.  A target that stops answering gets ``up 0``
 and nothing else: its series go stale, they are never flat-lined.  One that has never
 answered is "not yet up" in its state (it still writes ``up 0``: the detectors decide).
 
@@ -90,6 +90,8 @@ class ScrapeEngine:
         self.scrapes = PromCounter(
             "hbmwatch_collector_scrapes", "Scrapes by result.", ["result"], registry=registry
         )
+        #: The two children, looked up once (``labels()`` costs more than ``inc()``).
+        self._scraped = {True: self.scrapes.labels("up"), False: self.scrapes.labels("down")}
         self.samples = PromCounter(
             "hbmwatch_collector_samples", "Canonical samples collected.", registry=registry
         )
@@ -188,7 +190,7 @@ class ScrapeEngine:
         own = health(state, ts_ms, up, duration, len(samples))
         self.sink.add(samples + own)  # before the inventory, whose failure must not cost them
         self.samples.inc(len(samples))
-        self.scrapes.labels("up" if up else "down").inc()
+        self._scraped[up].inc()
         if collected and collected.devices:
             await self._inventory(state, collected, ts_ms)
         dropped = dict(collected.dropped) if collected else {}

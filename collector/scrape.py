@@ -2,9 +2,9 @@
 
 The engine (collector/engine.py) schedules scrapes; this module fetches each page under
 one deadline (``Deadline``: connect, headers and body together, since a per-read timeout
-never ends a trickled page), then translates it.  A page at
-least ``OFFLOAD_BYTES`` long is translated in a worker thread, so one exploding target
-cannot starve the event loop (and with it every other target and the API).
+never ends a trickled page), then translates it.  A page at least ``OFFLOAD_BYTES`` long
+is translated in a worker thread, so one exploding target cannot starve the event loop
+(and with it every other target and the API).
 """
 
 from __future__ import annotations
