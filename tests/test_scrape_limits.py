@@ -100,7 +100,8 @@ class Trickle(RawServer):
         with contextlib.suppress(Exception):
             await reader.readuntil(b"\r\n\r\n")
             if self.stage == "body":
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n")
+                # under the page limit (64 MiB): a longer one is refused from the head
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000\r\n\r\n")
             else:
                 writer.write(b"HTTP/1.1 200 OK\r\n")
             for i in range(10_000):
