@@ -22,11 +22,13 @@ the plans against the translator as it was before them.
 from __future__ import annotations
 
 import math
+import operator
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
+from typing import Any
 
 import numpy as np
 
@@ -107,18 +109,26 @@ def _numpy_sum(xs: list[float]) -> float:
     r = xs[:8]
     stop = n - n % 8
     for i in range(8, stop, 8):
-        for j in range(8):
-            r[j] += xs[i + j]
+        r = list(map(operator.add, r, xs[i : i + 8]))
     total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
     for i in range(stop, n):
         total += xs[i]
     return total
 
 
+def _picker(lines: list[int]) -> Callable[[list[Any]], tuple[Any, ...]]:
+    """What takes the ``lines`` (bucket counts, sample lines) out of a list, in one C call."""
+    if not lines:
+        return lambda values: ()
+    if len(lines) == 1:
+        return lambda values: (values[lines[0]],)
+    return operator.itemgetter(*lines)  # type: ignore[return-value]
+
+
 @dataclass(slots=True)
 class _Snapshot:
     ts_ms: int
-    buckets: list[float]
+    buckets: tuple[float, ...]
     count: float
 
 
@@ -126,7 +136,7 @@ class _Snapshot:
 class _Window:
     """One histogram of a page: where its values are, and the series it becomes."""
 
-    lines: list[int]  # the bucket lines, in the order of their upper bounds
+    buckets_of: Callable[[list[float]], tuple[float, ...]]  # a page's values -> bucket counts
     count_line: int | None
     uppers: list[float]
     history: deque[_Snapshot]
@@ -155,11 +165,31 @@ class _Drop:
 _Step = _Window | _Summary | _Drop
 
 
+_HEAD, _TAIL = operator.itemgetter(0), operator.itemgetter(2)
+
+
+def _is_sample(line: str) -> bool:
+    """Whether the parser reads the line as a sample (it strips lines and skips comments)."""
+    line = line.strip()
+    return bool(line) and line[0] != "#"
+
+
+def _same(page: ParsedPage, heads: list[str], lines: list[int]) -> bool:
+    """Whether the page's samples are the ``lines``, one for one, each line's series up to
+    its last space (a line with a timestamp, or with odd spacing, is not: such pages go
+    without a plan)."""
+    samples = page.samples
+    return len(samples) == len(lines) and all(
+        s.key == heads[i] and s.timestamp_ms is None for s, i in zip(samples, lines, strict=True)
+    )
+
+
 @dataclass(slots=True)
 class _Plan:
-    """What a page of one shape becomes: its series (to recognise the shape) and steps."""
+    """What a page of one shape becomes: its lines (to recognise the shape) and steps."""
 
-    keys: list[str]
+    heads: list[str]  # each line of the page up to its last space, comments too
+    samples_of: Callable[[list[Any]], tuple[Any, ...]]  # lines -> the sample lines
     steps: list[_Step]
 
 
@@ -204,40 +234,22 @@ class InferenceTranslator:
 
     def translate_text(self, text: str, ts_ms: int) -> Collected:
         """A page of the last page's shape takes its plan; any other is parsed in full."""
-        keys: list[str] = []
-        values: list[str] = []
-        for line in text.split("\n"):
-            if not line or line[0] == "#":
-                continue
-            if line[-1] in " \t\r":
-                line = line.strip()
-                if not line or line[0] == "#":
-                    continue
-            key, _, value = line.rpartition(" ")
-            keys.append(key)
-            values.append(value)
+        parts = list(map(str.rpartition, text.split("\n"), repeat(" ")))
+        heads = list(map(_HEAD, parts))  # each line up to its last space
         plan = self._plan
-        if plan is not None and plan.keys == keys:
+        if plan is not None and plan.heads == heads:
             try:
-                numbers = [float(v) for v in values]
+                numbers = list(map(float, map(_TAIL, plan.samples_of(parts))))
             except ValueError:  # a bad value: the full parser says which line and why
                 return self.translate(parse(text, self._series), ts_ms)
             return self._run(plan.steps, numbers, ts_ms, Collected())
         page = parse(text, self._series)
         self._plan = None
-        if not page.malformed and not page.series_capped and self._same_lines(page, keys):
-            self._plan = _Plan(keys, self._steps(page))
+        lines = [i for i, (head, space, _) in enumerate(parts) if _is_sample(head + space)]
+        if not page.malformed and not page.series_capped and _same(page, heads, lines):
+            self._plan = _Plan(heads, _picker(lines), self._steps(page))
             return self._run(self._plan.steps, [s.value for s in page.samples], ts_ms, Collected())
         return self.translate(page, ts_ms)
-
-    @staticmethod
-    def _same_lines(page: ParsedPage, keys: list[str]) -> bool:
-        """Whether the page's samples are the lines ``keys`` names, one for one (a line
-        with a timestamp, or odd spacing, is not: such pages go without a plan)."""
-        samples = page.samples
-        return len(samples) == len(keys) and all(
-            s.key == k and s.timestamp_ms is None for s, k in zip(samples, keys, strict=True)
-        )
 
     def translate(self, page: ParsedPage, ts_ms: int) -> Collected:
         """One parsed page, planned afresh (mapped targets hand their pages here)."""
@@ -319,7 +331,7 @@ class InferenceTranslator:
             resolution = SeriesKey("workload_latency_resolution_seconds", labelled)
             quantiles.append((float(q), latency, resolution))
         return _Window(
-            lines=[entry["buckets"][e] for e in edges],
+            buckets_of=_picker([entry["buckets"][e] for e in edges]),
             count_line=entry["count"],
             uppers=edges,
             history=self._history.setdefault(key, deque()),
@@ -343,7 +355,7 @@ class InferenceTranslator:
         return out
 
     def _run_window(self, out: Collected, w: _Window, values: list[float], ts_ms: int) -> None:
-        cumulative = [values[i] for i in w.lines]
+        cumulative = w.buckets_of(values)
         count = values[w.count_line] if w.count_line is not None else cumulative[-1]
         if w.requests is not None:
             out.add(w.requests, ts_ms, count)
@@ -353,7 +365,7 @@ class InferenceTranslator:
             if (
                 count < last.count
                 or len(last.buckets) != len(cumulative)
-                or any(c < p for c, p in zip(cumulative, last.buckets, strict=True))
+                or any(map(operator.lt, cumulative, last.buckets))
             ):
                 history.clear()  # the server restarted: its counters began again
         horizon = ts_ms - self.window_ms
@@ -362,11 +374,8 @@ class InferenceTranslator:
         history.append(_Snapshot(ts_ms, cumulative, count))
         if len(history) < 2:
             return
-        per_bucket, previous = [], 0.0
-        for c, s in zip(cumulative, history[0].buckets, strict=True):
-            grown = c - s
-            per_bucket.append(grown - previous)
-            previous = grown
+        grown = list(map(operator.sub, cumulative, history[0].buckets))
+        per_bucket = [grown[0], *map(operator.sub, grown[1:], grown[:-1])]
         in_window = _numpy_sum(per_bucket)
         out.add(w.window, ts_ms, in_window)
         if in_window <= 0:
