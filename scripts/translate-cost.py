@@ -3,7 +3,8 @@
 
 Translation (issue 17): a vLLM page (one inference server, 73 lines) through the memoised
 ``InferenceTranslator`` and through the translator as it was before (kept in
-tests/inference_reference.py), and a DCGM and a DME node page (8 GPUs) through theirs;
+tests/inference_reference.py), and a DCGM and a DME node page (8 GPUs) through theirs,
+by page shape and line by line (``LineTranslator.translate_lines``, as before shapes);
 every page after the first of its target (steady state), pages rendered by the simulator
 one step apart.  Writing: batches of a 64-GPU DCGM page's samples into a fresh SQLite store
 through ``Store.write`` (samples named by ``SeriesKey``, the collector's path) and through
@@ -51,6 +52,13 @@ def rendered(sku: str, steps: int) -> tuple[list[list[str]], list[list[str]]]:
         for i, pages in enumerate(services):
             pages.append(sim.service_page(i))
     return nodes, services
+
+
+def lines(translator: type) -> type:
+    """The translator reading every page line by line, as all pages were read before shapes."""
+    return type(
+        f"{translator.__name__}Lines", (translator,), {"translate_text": translator.translate_lines}
+    )
 
 
 def cost(make: Any, targets: list[list[str]], repeat: int) -> dict[str, float]:
@@ -119,8 +127,10 @@ def main() -> None:
     rows = {
         "vllm page, memoised InferenceTranslator": cost(InferenceTranslator, services, args.repeat),
         "vllm page, reference (before)": cost(Reference, services, args.repeat),
-        "dcgm node page (8 GPUs)": cost(DcgmTranslator, dcgm, args.repeat),
-        "dme node page (8 GPUs)": cost(DmeTranslator, dme, args.repeat),
+        "dcgm node page (8 GPUs), shaped": cost(DcgmTranslator, dcgm, args.repeat),
+        "dcgm node page, line by line (before)": cost(lines(DcgmTranslator), dcgm, args.repeat),
+        "dme node page (8 GPUs), shaped": cost(DmeTranslator, dme, args.repeat),
+        "dme node page, line by line (before)": cost(lines(DmeTranslator), dme, args.repeat),
     }
     print(f"{'translation':48} {'µs/page':>9} {'µs/sample':>10} {'samples/page':>13}")
     for name, r in rows.items():
