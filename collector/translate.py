@@ -170,6 +170,8 @@ class _Shape:
     factors: list[float]
     special: list[tuple[int, Mapped]]  # (sample line, what it is)
     drops: Counter[str]
+    twice: list[str]  # what the loop says of each repeated series ("malformed")
+    usable: bool = True  # False: a page of this shape is read line by line every time
 
 
 class LineTranslator:
@@ -215,7 +217,7 @@ class LineTranslator:
         heads = list(map(_HEAD, parts))  # each line up to its last space
         shape = self._shape
         if shape is not None and shape.heads == heads:
-            out = self._shaped(shape, parts, ts_ms)
+            out = self._shaped(shape, parts, ts_ms) if shape.usable else None
             return out if out is not None else self.translate_lines(text, ts_ms)
         out = self.translate_lines(text, ts_ms)
         self._shape = self._shape_of(parts, heads)
@@ -235,40 +237,46 @@ class LineTranslator:
         out = Collected()
         scaled = map(operator.mul, plain, shape.factors)
         out.samples = list(map(_NEW, repeat(Sample), zip(shape.keys, repeat(ts_ms), scaled)))
+        for why in shape.twice:
+            out.drop("malformed", why=why)
         if shape.drops:
             out.dropped.update(shape.drops)
         if shape.special:
             self._finish(out, [(m, values[i]) for i, m in shape.special], ts_ms)
         return out
 
-    def _shape_of(self, parts: list[Any], heads: list[str]) -> _Shape | None:
-        """The page's shape, from the memo the page just filled; None where a line needed
-        more than its series looked up (a timestamp, odd spacing, malformed, capped, or
-        the same series twice)."""
+    def _shape_of(self, parts: list[Any], heads: list[str]) -> _Shape:
+        """The page's shape, from the memo the page just filled; not ``usable`` where a
+        line needed more than its series looked up (a timestamp, odd spacing, malformed or
+        capped)."""
         lines: list[int] = []
-        shape = _Shape(heads, _picker([]), _picker([]), [], [], [], Counter())
+        shape = _Shape(heads, _picker([]), _picker([]), [], [], [], Counter(), [])
+        unusable = _Shape(heads, shape.samples_of, shape.plain_of, [], [], [], Counter(), [], False)
+        seen: set[str] = set()
         plain_lines: list[int] = []
         for i, (head, space, tail) in enumerate(parts):
             line = head + space + tail
             if not line or line[0] == "#":
                 continue
             if line[-1] in " \t\r" or line[0] in " \t":
-                return None
+                return unusable
             m = self._memo.get(head)
             if m is None:
-                return None
+                return unusable
+            if head in seen:
+                shape.twice.append(f"the same series twice on one page: {head[:120]}")
+                continue
+            seen.add(head)
             n = len(lines)
             lines.append(i)
             if head in self._plain:
                 plain_lines.append(n)
-                shape.keys.append(m.key)
+                shape.keys.append(m.key)  # type: ignore[arg-type]
                 shape.factors.append(m.scale)
             elif m.special or m.priority:
                 shape.special.append((n, m))
             elif m.drop != "ignored":
                 shape.drops[m.drop or "unmapped"] += 1
-        if len(set(map(heads.__getitem__, lines))) != len(lines):
-            return None
         shape.samples_of, shape.plain_of = _picker(lines), _picker(plain_lines)
         return shape
 

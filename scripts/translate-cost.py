@@ -9,7 +9,8 @@ every page after the first of its target (steady state), pages rendered by the s
 one step apart.  Writing: batches of a 64-GPU DCGM page's samples into a fresh SQLite store
 through ``Store.write`` (samples named by ``SeriesKey``, the collector's path) and through
 ``Store.write_rows`` with the ids looked up by the caller (the lookup timed apart), batch
-for batch alternately.  CPU time (``time.process_time``), best of ``--repeat``.
+for batch alternately.  CPU time (``time.process_time``), best of ``--repeat``, with the
+garbage collector tuned as the service tunes it.
 Usage: .venv/bin/python scripts/translate-cost.py [--steps 60] [--repeat 5]
 """
 
@@ -124,6 +125,7 @@ def main() -> None:
     _, services = rendered("H100", args.steps)
     dcgm, _ = rendered("H100", min(args.steps, 20))
     dme, _ = rendered("MI300X", min(args.steps, 20))
+    tune_gc()  # as ``hbmwatch up`` does: young garbage collected rarely, start-up frozen
     rows = {
         "vllm page, memoised InferenceTranslator": cost(InferenceTranslator, services, args.repeat),
         "vllm page, reference (before)": cost(Reference, services, args.repeat),
