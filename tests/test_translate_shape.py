@@ -80,6 +80,9 @@ def test_simulated_node_pages_agree(make, sku) -> None:  # type: ignore[no-untyp
     agree(make, edited(pages))
     unknown = [page + 'some_other_metric{gpu="0"} 1\n' for page in pages]
     assert agree(make, unknown)[-1][1]
+    first = next(line for line in pages[0].splitlines() if line and line[0] != "#")
+    twice = [page + first.rpartition(" ")[0] + " 7\n" for page in pages]  # every scrape
+    assert agree(make, twice)[-1][2]
 
 
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "twelve", "9223372036854775794", "2147483640"])
