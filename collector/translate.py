@@ -183,6 +183,12 @@ class LineTranslator:
     scrapes only convert the value.  The memo doubles as the target's series cap.  Lines
     that need more than a factor (``Mapped.special``, or an older alias with a
     ``priority``) are handed to ``_finish`` at the end of the page.
+
+    A page whose lines, up to their values, are those of the page before (the common case)
+    skips even the per-line lookups: its ``_Shape``, built from the memo after the first
+    such page, says which lines are plain series (converted and turned into samples by
+    C-level maps), special, or dropped.  A page with a bad, non-finite or sentinel value
+    is read line by line, so what it drops is counted as before.
     """
 
     #: Values at or above this are checked with ``is_sentinel`` (dcgm-exporter's blanks).
