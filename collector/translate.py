@@ -158,6 +158,9 @@ def _picker(lines: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     return operator.itemgetter(*lines)  # type: ignore[return-value]
 
 
+_NOTHING = _picker([])
+
+
 @dataclass(slots=True)
 class _Shape:
     """What each line of a page of one shape is: a plain series (key and factor), a
@@ -172,6 +175,7 @@ class _Shape:
     drops: Counter[str]
     twice: list[str]  # what the loop says of each repeated series ("malformed")
     usable: bool = True  # False: a page of this shape is read line by line every time
+    pending: bool = False  # seen once: built if the next page has the same lines
 
 
 class LineTranslator:
@@ -185,9 +189,10 @@ class LineTranslator:
     ``priority``) are handed to ``_finish`` at the end of the page.
 
     A page whose lines, up to their values, are those of the page before (the common case)
-    skips even the per-line lookups: its ``_Shape``, built from the memo after the first
-    such page, says which lines are plain series (converted and turned into samples by
-    C-level maps), special, or dropped.  A page with a bad, non-finite or sentinel value
+    skips even the per-line lookups: its ``_Shape``, built from the memo when a second page
+    in a row shows the same lines (pages that change every time pay no build), says which
+    lines are plain series (converted and turned into samples by C-level maps), special,
+    or dropped.  A page with a bad, non-finite or sentinel value
     is read line by line, so what it drops is counted as before.
     """
 
@@ -223,10 +228,12 @@ class LineTranslator:
         heads = list(map(_HEAD, parts))  # each line up to its last space
         shape = self._shape
         if shape is not None and shape.heads == heads:
+            if shape.pending:  # the second page of this shape in a row: worth a _Shape
+                shape = self._shape = self._shape_of(parts, heads)
             out = self._shaped(shape, parts, ts_ms) if shape.usable else None
             return out if out is not None else self.translate_lines(text, ts_ms)
         out = self.translate_lines(text, ts_ms)
-        self._shape = self._shape_of(parts, heads)
+        self._shape = _Shape(heads, _NOTHING, _NOTHING, [], [], [], Counter(), [], False, True)
         return out
 
     def _shaped(self, shape: _Shape, parts: list[Any], ts_ms: int) -> Collected | None:
@@ -256,8 +263,8 @@ class LineTranslator:
         line needed more than its series looked up (a timestamp, odd spacing, malformed or
         capped)."""
         lines: list[int] = []
-        shape = _Shape(heads, _picker([]), _picker([]), [], [], [], Counter(), [])
-        unusable = _Shape(heads, shape.samples_of, shape.plain_of, [], [], [], Counter(), [], False)
+        shape = _Shape(heads, _NOTHING, _NOTHING, [], [], [], Counter(), [])
+        unusable = _Shape(heads, _NOTHING, _NOTHING, [], [], [], Counter(), [], False)
         seen: set[str] = set()
         plain_lines: list[int] = []
         for i, (head, space, tail) in enumerate(parts):
