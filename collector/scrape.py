@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from hbmwatch.collector.limits import check_sample_limit, drop_long_labels
+from hbmwatch.collector.refresh import SKIPS_UNCHANGED, PageMemory
 from hbmwatch.collector.sources.dcgm import DcgmTranslator
 from hbmwatch.collector.sources.dme import DmeTranslator
 from hbmwatch.collector.sources.federated import SOURCES, FederatedTranslator
@@ -78,6 +79,7 @@ class TargetState:
     skipped_ticks: int = 0
     late_scrapes: int = 0
     behind_mark: tuple[int, int] = (0, 0)  # skipped, late when the last warning counted them
+    page: PageMemory = field(default_factory=PageMemory)  # unchanged pages (collector/refresh.py)
 
     def self_labels(self) -> dict[str, str]:
         base = {k: v for k, v in self.target.labels.items() if k in ("cluster", "rack", "host")}
@@ -146,6 +148,8 @@ async def collect(
     text = await within_deadline(
         fetch(client, url, settings.max_page_bytes, params), target.timeout_seconds
     )
+    if target.kind in SKIPS_UNCHANGED and state.page.same(text, ts_ms, state.up is True):
+        return Collected()  # the exporter has not refreshed: nothing new to store
     if len(text) < OFFLOAD_BYTES:
         return translate(state, text, ts_ms, settings)
     task = asyncio.ensure_future(asyncio.to_thread(translate, state, text, ts_ms, settings))
@@ -188,7 +192,7 @@ async def fetch(
 
 
 def health(state: TargetState, ts_ms: int, up: bool, duration: float, samples: int) -> list[Sample]:
-    """The target's own series: up, duration, samples, and what it dropped or skipped."""
+    """The target's own series: up, duration, samples, refresh, what it dropped or skipped."""
     labels = state.self_labels()
     out = [
         Sample(SeriesKey("hbmwatch_target_up", labels), ts_ms, 1.0 if up else 0.0),
@@ -196,6 +200,10 @@ def health(state: TargetState, ts_ms: int, up: bool, duration: float, samples: i
     ]
     if up:
         out.append(Sample(SeriesKey("hbmwatch_scrape_samples", labels), ts_ms, float(samples)))
+        refresh = state.page.refresh_seconds(ts_ms)
+        if refresh is not None:  # written once the target served an unchanged page
+            key = SeriesKey("hbmwatch_target_refresh_seconds", labels)
+            out.append(Sample(key, ts_ms, refresh))
     for name, total in (
         ("hbmwatch_scrape_skipped_ticks_total", state.skipped_ticks),
         ("hbmwatch_scrape_late_total", state.late_scrapes),

@@ -55,7 +55,9 @@ class DataQuality(SensorChecks, TargetChecks):
       memory bandwidth by ``bw_move`` (an idle, steady GPU may hold a rounded temperature for
       minutes; a loaded one cannot).  Only watched time counts: a value seen again after
       ``gap_s`` without samples (a target down, a dropout) restarts the clock.  One finding per
-      sensor.  Cause ``sensor``.
+      sensor.  A sensor whose exporter refreshes every 30 s (up to 60 s) is watched across
+      its refreshes: a gap is longer than ``gap_s`` and 1.5x its last interval.  Cause
+      ``sensor``.
     * ``gap``: signals the GPU reported before have been missing for ``gap_s`` while the
       GPU's other signals still arrive; one finding per GPU, evidence per missing signal (a
       dropped memory sensor takes its HBM stacks with it).  Cause ``sensor``.
@@ -120,8 +122,8 @@ class DataQuality(SensorChecks, TargetChecks):
 
     def _init_state(self) -> None:
         self.stuck_ = EntityTable(
-            {"value_": np.nan, "since_ms_": np.nan, "seen_ms_": np.nan, "pmin_": np.nan,
-             "pmax_": np.nan, "bmin_": np.nan, "bmax_": np.nan}
+            {"value_": np.nan, "since_ms_": np.nan, "seen_ms_": np.nan, "every_ms_": np.nan,
+             "pmin_": np.nan, "pmax_": np.nan, "bmin_": np.nan, "bmax_": np.nan}
         )  # fmt: skip
         self.seen_ = EntityTable({"last_ms_": np.nan})
         self.gpus_ = EntityTable({"power_scale_": np.nan})
