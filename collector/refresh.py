@@ -14,19 +14,22 @@ move with time even when its counters do not (an idle service's requests leave t
 so those pages are translated every scrape as before.  A page seen after a failed scrape
 counts as new: its series went stale with the failure and are written again.  A target
 whose page carries comments other than ``# HELP`` and ``# TYPE`` (a generation timestamp)
-is compared without them, so such a comment alone does not make a page new.
+is compared without them, so such a comment alone does not make a page new (looked for
+when the target comes up and every ``COMMENTS_EVERY`` changes: the search costs more than
+the hash).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 #: Target kinds whose translation depends on the page alone, so an unchanged page adds
 #: nothing.  Inference, mapped and federated pages keep windows over time: not skipped.
 SKIPS_UNCHANGED = frozenset({"dme", "dcgm"})
-#: A comment line other than HELP and TYPE (a timestamp, a generator's note).
-OTHER_COMMENT = re.compile(r"^#(?! (?:HELP|TYPE) )", re.M)
+KEPT_COMMENTS = ("# HELP ", "# TYPE ")
+#: A target's page is searched for other comments when it comes up and every this many
+#: changes (~0.2 ms for a 120 KB page, against ~0.05 ms to hash it).
+COMMENTS_EVERY = 100
 
 
 def other_comments(text: str) -> bool:
@@ -34,10 +37,17 @@ def other_comments(text: str) -> bool:
 
     >>> other_comments("# HELP a x\\n# TYPE a gauge\\na 1\\n")
     False
-    >>> other_comments("# generated at 12:00\\na 1\\n")
+    >>> other_comments("a 1\\n# generated at 12:00\\n")
     True
     """
-    return OTHER_COMMENT.search(text) is not None
+    if text.startswith("#") and not text.startswith(KEPT_COMMENTS):
+        return True
+    at = text.find("\n#")
+    while at >= 0:
+        if not text.startswith(KEPT_COMMENTS, at + 1):
+            return True
+        at = text.find("\n#", at + 2)
+    return False
 
 
 def content(text: str) -> str:
@@ -46,8 +56,8 @@ def content(text: str) -> str:
     >>> content("# generated 12:00:01\\n# TYPE a gauge\\na 1\\n")
     '# TYPE a gauge\\na 1\\n'
     """
-    kept = ("# HELP ", "# TYPE ")
-    return "\n".join(x for x in text.split("\n") if not x.startswith("#") or x.startswith(kept))
+    lines = text.split("\n")
+    return "\n".join(x for x in lines if not x.startswith("#") or x.startswith(KEPT_COMMENTS))
 
 
 @dataclass
@@ -57,7 +67,8 @@ class PageMemory:
     digest: tuple[int, int] | None = None  # (length, hash) of the last page's content
     since_ms: int | None = None  # when the current page was first seen
     refresh_ms: int | None = None  # between the last two changes seen in a row of good scrapes
-    unchanged: int = 0  # scrapes that found the page unchanged
+    unchanged: int = 0  # scrapes that found the page unchanged since the target came up
+    changes: int = 0  # pages that counted as new
     strip: bool = False  # compare without other comment lines
 
     def same(self, text: str, ts_ms: int, trusted: bool) -> bool:
@@ -68,6 +79,8 @@ class PageMemory:
         """
         if not trusted:
             self.digest = self.refresh_ms = None
+            self.unchanged = 0
+        if not trusted or self.changes % COMMENTS_EVERY == 0:
             self.strip = other_comments(text)
         body = content(text) if self.strip else text
         digest = (len(body), hash(body))
@@ -77,6 +90,7 @@ class PageMemory:
         if self.digest is not None and self.since_ms is not None:
             self.refresh_ms = ts_ms - self.since_ms
         self.digest, self.since_ms = digest, ts_ms
+        self.changes += 1
         return False
 
     def refresh_seconds(self, ts_ms: int) -> float | None:
