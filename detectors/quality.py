@@ -42,6 +42,8 @@ from hbmwatch.taxonomy import FindingKind
 
 #: One definition: the setting's default.
 FIRST_UP_GRACE_S: float = DetectionSettings.model_fields["target_first_up_grace_seconds"].default
+#: Learned again from a sensor's next two samples: not saved with the state.
+VOLATILE = ("every_ms_",)
 
 
 class DataQuality(SensorChecks, TargetChecks):
@@ -307,7 +309,7 @@ class DataQuality(SensorChecks, TargetChecks):
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
-            "stuck": self.stuck_.state_dict(),
+            "stuck": _without(self.stuck_.state_dict(), VOLATILE),
             "seen": self.seen_.state_dict(),
             "gpus": self.gpus_.state_dict(),
             "targets": self.targets_.state_dict(),
@@ -352,6 +354,13 @@ class _Layout:
              det.targets_.rows(t_keys)),
             det.gpus_.rows(g_keys),
         )  # fmt: skip
+
+
+def _without(state: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """A table's state less fields that are relearned in a few samples (and so not saved:
+    state saved before they existed loads and saves back the same)."""
+    arrays = {k: v for k, v in state["arrays"].items() if k not in fields}
+    return {**state, "arrays": arrays}
 
 
 def _rowmax(a: np.ndarray) -> np.ndarray:
