@@ -43,7 +43,7 @@ from hbmwatch.taxonomy import FindingKind
 #: One definition: the setting's default.
 FIRST_UP_GRACE_S: float = DetectionSettings.model_fields["target_first_up_grace_seconds"].default
 #: Learned again from a sensor's next two samples: not saved with the state.
-VOLATILE = ("every_ms_",)
+VOLATILE = ("every_ms_", "omin_", "omax_")
 
 
 class DataQuality(SensorChecks, TargetChecks):
@@ -58,8 +58,10 @@ class DataQuality(SensorChecks, TargetChecks):
       minutes; a loaded one cannot).  Only watched time counts: a value seen again after
       ``gap_s`` without samples (a target down, a dropout) restarts the clock.  One finding per
       sensor.  A sensor whose exporter refreshes every 30 s (up to 60 s) is watched across
-      its refreshes: a gap is longer than ``gap_s`` and 1.5x its last interval.  Cause
-      ``sensor``.
+      its refreshes: a gap is longer than ``gap_s`` and 1.5x its last interval; with so few
+      samples a steady whole degree repeats by chance, so such a sensor must hold over 12
+      samples while its partner temperature (memory <-> hotspot, stacks -> hotspot) moved
+      by 2 C too.  Cause ``sensor``.
     * ``gap``: signals the GPU reported before have been missing for ``gap_s`` while the
       GPU's other signals still arrive; one finding per GPU, evidence per missing signal (a
       dropped memory sensor takes its HBM stacks with it).  Cause ``sensor``.
@@ -125,7 +127,8 @@ class DataQuality(SensorChecks, TargetChecks):
     def _init_state(self) -> None:
         self.stuck_ = EntityTable(
             {"value_": np.nan, "since_ms_": np.nan, "seen_ms_": np.nan, "every_ms_": np.nan,
-             "pmin_": np.nan, "pmax_": np.nan, "bmin_": np.nan, "bmax_": np.nan}
+             "pmin_": np.nan, "pmax_": np.nan, "bmin_": np.nan, "bmax_": np.nan,
+             "omin_": np.nan, "omax_": np.nan}
         )  # fmt: skip
         self.seen_ = EntityTable({"last_ms_": np.nan})
         self.gpus_ = EntityTable({"power_scale_": np.nan})

@@ -28,6 +28,12 @@ MAX_REFRESH_MS = 60_000
 #: A sensor sampled that rarely must also hold its value over this many samples: a whole
 #: degree read every 30 s repeats by chance 5 times in 2 minutes, not 120 times at 1 s.
 STUCK_MIN_SAMPLES = 12
+#: Samples further apart than this are sparse: a steady whole-degree reading then repeats by
+#: chance, so the GPU's other temperature must also have moved by ``PARTNER_MOVE_C``.
+SPARSE_MS = 5_000
+PARTNER_MOVE_C = 2.0
+#: Each temperature's partner (its column in ``TEMPS``): memory <-> hotspot, stacks -> hotspot.
+PARTNER = np.array([1, 0, *([1] * MAX_STACKS)])
 
 
 class CheckReport(NamedTuple):
@@ -62,6 +68,7 @@ class SensorChecks:
         t_ms: int,
     ) -> np.ndarray:
         k = x.shape[1]
+        o = x[:, PARTNER].ravel()
         x = x.ravel()
         p, b = np.repeat(power, k), np.repeat(bw, k)
         known = ~np.isnan(x)
@@ -78,12 +85,15 @@ class SensorChecks:
         s["value_"] = np.where(changed, x, s["value_"])
         s["since_ms_"] = np.where(changed, t_ms, s["since_ms_"])
         for name, now, fn in (("pmin_", p, np.fmin), ("pmax_", p, np.fmax),
-                              ("bmin_", b, np.fmin), ("bmax_", b, np.fmax)):  # fmt: skip
+                              ("bmin_", b, np.fmin), ("bmax_", b, np.fmax),
+                              ("omin_", o, np.fmin), ("omax_", o, np.fmax)):  # fmt: skip
             s[name] = np.where(changed, now, fn(s[name], now))
         with np.errstate(invalid="ignore"):
             moved = (s["pmax_"] - s["pmin_"] >= self.power_move_frac * scale) | (
                 s["bmax_"] - s["bmin_"] >= self.bw_move
             )
+            sparse = s["every_ms_"] > SPARSE_MS
+            moved &= ~sparse | (s["omax_"] - s["omin_"] >= PARTNER_MOVE_C)
         held_s = (t_ms - s["since_ms_"]) / 1000.0
         need_s = self._stuck_need_s(s["every_ms_"])
         return np.where(known, np.where(moved, held_s / need_s, 0.0), np.nan)
