@@ -261,3 +261,14 @@ def test_stuck_sensor_is_found_at_a_30s_refresh() -> None:
 def test_healthy_gpus_at_a_30s_refresh_raise_nothing(seed: int) -> None:
     n = 1800
     assert run(DataQuality(), chunks(n, **every(30, busy_gpu(n, seed=seed, g=8)))) == []
+
+
+def test_a_steady_sensor_whose_partner_also_holds_is_not_stuck_at_a_30s_refresh() -> None:
+    """At 1 s the rounding flickers; 30 s apart a steady whole degree repeats by chance."""
+    n = 1200
+
+    def steady(sig: dict) -> None:
+        sig["hot_temp"][:] = 56.0
+        sig["mem_temp"][:] = 60.0
+
+    assert run(DataQuality(), chunks(n, **every(30, busy_gpu(n), steady))) == []
