@@ -59,7 +59,7 @@ class DataQuality(SensorChecks, TargetChecks):
       ``gap_s`` without samples (a target down, a dropout) restarts the clock.  One finding per
       sensor.  A sensor whose exporter refreshes every 30 s (up to 60 s) is watched across
       its refreshes: a gap is longer than ``gap_s`` and 1.5x its last interval; with so few
-      samples a steady whole degree repeats by chance, so such a sensor must hold over 12
+      samples a steady whole degree repeats by chance, so such a sensor must hold over 24
       samples while its partner temperature (memory <-> hotspot, stacks -> hotspot) moved
       by 2 C too.  Cause ``sensor``.
     * ``gap``: signals the GPU reported before have been missing for ``gap_s`` while the

@@ -25,9 +25,10 @@ GAPS = (*GAP_SIGNALS, *(f"stack{i}" for i in range(MAX_STACKS)))
 #: The longest interval between a sensor's samples that the stuck check takes for its
 #: exporter's refresh (dcgm-exporter's default is 30 s) rather than for an outage.
 MAX_REFRESH_MS = 60_000
-#: A sensor sampled that rarely must also hold its value over this many samples: a whole
-#: degree read every 30 s repeats by chance 5 times in 2 minutes, not 120 times at 1 s.
-STUCK_MIN_SAMPLES = 12
+#: A sensor sampled that rarely must also hold its value over this many samples: a steady
+#: whole degree read every 30 s repeats by chance for 8 minutes (seen in the simulator), not
+#: 120 times in a row at 1 s.  At 30 s a stuck sensor is found after 12 minutes.
+STUCK_MIN_SAMPLES = 24
 #: Samples further apart than this are sparse: a steady whole-degree reading then repeats by
 #: chance, so the GPU's other temperature must also have moved by ``PARTNER_MOVE_C``.
 SPARSE_MS = 5_000
