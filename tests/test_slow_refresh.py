@@ -15,12 +15,16 @@ from hbmwatch.collector.engine import ScrapeEngine
 from hbmwatch.collector.refresh import PageMemory
 from hbmwatch.collector.targets import Target, TargetSet
 from hbmwatch.detectors.quality import DataQuality
-from hbmwatch.records import Sample
+from hbmwatch.promql.engine import evaluate
+from hbmwatch.promql.source import StoreSource
+from hbmwatch.promql.values import Grid
+from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.settings import CollectorSettings
 from hbmwatch.simulator.inprocess import InProcessServer
 from hbmwatch.simulator.runner import Simulation
 from hbmwatch.simulator.scenario import Scenario, scenario_from_dict
 from hbmwatch.validation import ConfigError
+from tests.conftest import Clock, make_store
 from tests.test_detect_quality import busy_gpu, by_check, chunks, run
 
 REFRESH = "hbmwatch_target_refresh_seconds"
@@ -272,3 +276,26 @@ def test_a_steady_sensor_whose_partner_also_holds_is_not_stuck_at_a_30s_refresh(
         sig["mem_temp"][:] = 60.0
 
     assert run(DataQuality(), chunks(n, **every(30, busy_gpu(n), steady))) == []
+
+
+# -- PromQL ----------------------------------------------------------------------------------
+def test_promql_reads_30s_samples_as_a_live_series(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The 5-minute lookback spans a 30 s refresh: no step between samples is empty."""
+    t0 = 1_800_000_000
+    store = make_store(f"sqlite:///{tmp_path / 'db.sqlite'}", Clock(t0 + 600))
+    labels = {"cluster": "c0", "host": "n0", "gpu": "0"}
+    temp = SeriesKey("gpu_memory_temperature_celsius", labels)
+    energy = SeriesKey("gpu_energy_joules_total", labels)
+    try:
+        store.write(
+            [Sample(temp, (t0 + t) * 1000, 60.0 + t % 7) for t in range(0, 600, 30)]
+            + [Sample(energy, (t0 + t) * 1000, 500.0 * t) for t in range(0, 600, 30)]
+        )
+        grid = Grid((t0 + 60) * 1000, (t0 + 590) * 1000, 1000)
+        source = StoreSource(store)
+        (row,) = evaluate("gpu_memory_temperature_celsius", grid, source)
+        assert row.present.all()
+        (rate,) = evaluate("rate(gpu_energy_joules_total[1m])", grid, source)
+        assert rate.present.all() and np.allclose(rate.values, 500.0)
+    finally:
+        store.close()
