@@ -86,6 +86,16 @@ def test_a_racks_refresh_overrides_the_scenarios_and_the_flag_overrides_both() -
         fleet(-1)
 
 
+@pytest.mark.parametrize("command", ["sim", "eval"])
+def test_a_bad_refresh_flag_is_refused_in_one_line(command: str) -> None:
+    from typer.testing import CliRunner
+
+    from hbmwatch.cli.main import app
+
+    result = CliRunner().invoke(app, [command, "healthy", "--exporter-refresh", "-1"])
+    assert result.exit_code == 2 and "exporter-refresh" in result.output
+
+
 def test_a_node_back_from_target_down_serves_a_fresh_page() -> None:
     down = {"kind": "target_down", "target": {"host": "r0-node0"}, "onset": 10, "end": 20}
     sim = Simulation(fleet("60s", faults=[down]))
