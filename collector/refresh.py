@@ -21,7 +21,8 @@ the hash).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 #: Target kinds whose translation depends on the page alone, so an unchanged page adds
 #: nothing.  Inference, mapped and federated pages keep windows over time: not skipped.
@@ -70,6 +71,9 @@ class PageMemory:
     unchanged: int = 0  # scrapes that found the page unchanged since the target came up
     changes: int = 0  # pages that counted as new
     strip: bool = False  # compare without other comment lines
+    #: The devices the last translated page showed: an unchanged page yields them (and no
+    #: samples), so the inventory is still written, and retried after a failure.
+    devices: dict[Any, Any] = field(default_factory=dict)
 
     def same(self, text: str, ts_ms: int, trusted: bool) -> bool:
         """Whether ``text`` is the page seen last; remembers it when it is not.

@@ -149,7 +149,7 @@ async def collect(
         fetch(client, url, settings.max_page_bytes, params), target.timeout_seconds
     )
     if target.kind in SKIPS_UNCHANGED and state.page.same(text, ts_ms, state.up is True):
-        return Collected()  # the exporter has not refreshed: nothing new to store
+        return Collected(devices=state.page.devices)  # not refreshed: nothing new to store
     if len(text) < OFFLOAD_BYTES:
         return translate(state, text, ts_ms, settings)
     task = asyncio.ensure_future(asyncio.to_thread(translate, state, text, ts_ms, settings))
@@ -166,6 +166,7 @@ def translate(state: TargetState, text: str, ts_ms: int, settings: CollectorSett
     limit = settings.label_value_length_limit
     text, too_long = drop_long_labels(text, limit)
     collected: Collected = state.translator.translate_text(text, ts_ms)
+    state.page.devices = collected.devices  # what an unchanged page shows the inventory
     if too_long:
         collected.drop("label_too_long", too_long, f"label values over {limit} characters")
     return collected

@@ -207,6 +207,26 @@ def test_an_unchanged_page_is_skipped_but_not_after_a_failure() -> None:
     assert [s.value for s in written if s.series.metric == REFRESH] == [1.0, 2.0, 1.0, 2.0]
 
 
+def test_unchanged_pages_still_show_their_devices_to_the_inventory() -> None:
+    a = dcgm_page(1)
+    seen: list[int] = []
+
+    async def scrape() -> None:
+        settings = CollectorSettings(inventory_seconds=0.5)
+        target = Target("dcgm", "http://exporter:9400/metrics", {"host": "r1-node0"}, 1.0, 10.0)
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, text=a))
+        engine = ScrapeEngine(TargetSet(settings, [target]), ListSink(), settings,  # type: ignore[arg-type]
+                              inventory=lambda devices: seen.append(len(devices)),
+                              transport=transport)  # fmt: skip
+        async with engine:
+            for i in range(3):
+                (report,) = await engine.scrape_round(1_800_000_000_000 + i * 1000)
+                assert report.samples == (0 if i else report.samples)
+
+    asyncio.run(scrape())
+    assert seen == [8, 8, 8]  # every due inventory, the unchanged pages' too
+
+
 def test_a_timestamp_comment_alone_is_no_change() -> None:
     a, b = dcgm_page(1), dcgm_page(2)
     pages = [f"# generated at 12:00:0{i}\n{page}" for i, page in enumerate([a, a, b, b])]
