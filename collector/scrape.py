@@ -17,6 +17,7 @@ from typing import Any
 
 from hbmwatch.collector.http import Client
 from hbmwatch.collector.limits import check_sample_limit, drop_long_labels
+from hbmwatch.collector.refresh import SKIPS_UNCHANGED, PageMemory
 from hbmwatch.collector.sources.dcgm import DcgmTranslator
 from hbmwatch.collector.sources.dme import DmeTranslator
 from hbmwatch.collector.sources.federated import SOURCES, FederatedTranslator
@@ -76,6 +77,7 @@ class TargetState:
     skipped_ticks: int = 0
     late_scrapes: int = 0
     behind_mark: tuple[int, int] = (0, 0)  # skipped, late when the last warning counted them
+    page: PageMemory = field(default_factory=PageMemory)  # unchanged pages (collector/refresh.py)
 
     #: The health series' keys, by name (and drop reason): built once, not every scrape.
     keys: dict[str, SeriesKey] = field(default_factory=dict)
@@ -167,6 +169,8 @@ async def collect(
     async with Deadline(target.timeout_seconds):
         body = await client.get(url, settings.max_page_bytes, params)
     text = decode(body)
+    if target.kind in SKIPS_UNCHANGED and state.page.same(text, ts_ms, state.up is True):
+        return Collected(devices=state.page.devices)  # not refreshed: nothing new to store
     if len(text) < OFFLOAD_BYTES:
         return translate(state, text, ts_ms, settings)
     task = asyncio.ensure_future(asyncio.to_thread(translate, state, text, ts_ms, settings))
@@ -183,6 +187,7 @@ def translate(state: TargetState, text: str, ts_ms: int, settings: CollectorSett
     limit = settings.label_value_length_limit
     text, too_long = drop_long_labels(text, limit)
     collected: Collected = state.translator.translate_text(text, ts_ms)
+    state.page.devices = collected.devices  # what an unchanged page shows the inventory
     if too_long:
         collected.drop("label_too_long", too_long, f"label values over {limit} characters")
     return collected
@@ -197,7 +202,7 @@ def decode(body: bytes) -> str:
 
 
 def health(state: TargetState, ts_ms: int, up: bool, duration: float, samples: int) -> list[Sample]:
-    """The target's own series: up, duration, samples, and what it dropped or skipped."""
+    """The target's own series: up, duration, samples, refresh, what it dropped or skipped."""
     key = state.key
     out = [
         Sample(key("hbmwatch_target_up"), ts_ms, 1.0 if up else 0.0),
@@ -205,6 +210,9 @@ def health(state: TargetState, ts_ms: int, up: bool, duration: float, samples: i
     ]
     if up:
         out.append(Sample(key("hbmwatch_scrape_samples"), ts_ms, float(samples)))
+        refresh = state.page.refresh_seconds(ts_ms)
+        if refresh is not None:  # written once the target served an unchanged page
+            out.append(Sample(key("hbmwatch_target_refresh_seconds"), ts_ms, refresh))
     if state.skipped_ticks:  # written once the target has fallen behind: no cost before
         skipped = float(state.skipped_ticks)
         out.append(Sample(key("hbmwatch_scrape_skipped_ticks_total"), ts_ms, skipped))
