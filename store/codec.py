@@ -155,10 +155,7 @@ def encode_segments(
         ]
     else:
         exact = np.where(decimal_rows, ints.view(np.uint64), values.view(np.uint64))
-        blobs = [
-            _encode_v2(offsets[a:b], int(scale[i]), val_stream[a:b], exact[a:b])
-            for i, (a, b) in bounds
-        ]
+        blobs = _blobs_v2(offsets, delta, dod, starts, scale, val_stream, exact)
     return EncodedSegments(
         blobs=blobs,
         count=lengths,
@@ -214,6 +211,7 @@ def _stream_values(raw: np.ndarray, mode: int) -> np.ndarray:
 
 _PCO = ChunkConfig()
 _REGULAR, _PCO_VALUES = 1, 2
+_PCO_WORTH = 32  # pcodec's header alone takes about 25 bytes: smaller zlib bodies stay
 
 
 def _varints(*numbers: int) -> bytes:
@@ -243,21 +241,52 @@ def _read_varints(blob: bytes, pos: int, count: int) -> tuple[list[int], int]:
     return numbers, pos
 
 
-def _encode_v2(offsets: np.ndarray, scale: int, stream: np.ndarray, exact: np.ndarray) -> bytes:
-    """One segment; ``exact`` holds the scaled integers (or float bits when raw) as uint64."""
+def _blobs_v2(
+    offsets: np.ndarray,
+    delta: np.ndarray,
+    dod: np.ndarray,
+    starts: np.ndarray,
+    scale: np.ndarray,
+    stream: np.ndarray,
+    exact: np.ndarray,
+) -> list[bytes]:
+    """Version 2 blobs; which segments have regular timestamps is found for all at once."""
     n = len(offsets)
-    step = int(offsets[1] - offsets[0]) if n > 1 else 0
-    regular = step >= 0 <= offsets[0] and bool((np.diff(offsets) == step).all())
-    if regular:
-        head = _varints(n, int(offsets[0]), step)
+    ends = np.append(starts[1:], n)
+    lengths = ends - starts
+    within = np.arange(n) - np.repeat(starts, lengths)
+    irregular = np.logical_or.reduceat((within >= 2) & (dod != 0), starts)
+    step = np.where(lengths > 1, delta[np.minimum(starts + 1, n - 1)], 0)
+    irregular |= (offsets[starts] < 0) | (step < 0)
+    rows = zip(
+        starts.tolist(), ends.tolist(), irregular.tolist(), offsets[starts].tolist(),
+        step.tolist(), scale.tolist(), strict=True,
+    )  # fmt: skip
+    return [
+        _encode_v2(
+            None if bad else _varints(b - a, first, st), offsets[a:b], k, stream[a:b], exact[a:b]
+        )
+        for a, b, bad, first, st, k in rows
+    ]
+
+
+def _encode_v2(
+    head: bytes | None, offsets: np.ndarray, scale: int, stream: np.ndarray, exact: np.ndarray
+) -> bytes:
+    """One segment.  ``head`` holds regular timestamps (None: irregular, so pcodec them);
+    ``exact`` the scaled integers (or the float bits when raw) as uint64."""
+    flags = 0
+    if head is None:
+        packed = simple_compress(offsets, _PCO)
+        head = _varints(len(offsets), len(packed)) + packed
     else:
-        packed = simple_compress(np.ascontiguousarray(offsets), _PCO)
-        head = _varints(n, len(packed)) + packed
-    typed = exact.view(np.float64 if scale == RAW_FLOAT else np.int64)
-    pco = simple_compress(np.ascontiguousarray(typed), _PCO)
-    flat = zlib.compress(_shuffle(stream), 1)
-    flags = (_REGULAR if regular else 0) | (_PCO_VALUES if len(pco) < len(flat) else 0)
-    return bytes((VERSION_PCO, scale, flags)) + head + (pco if flags & _PCO_VALUES else flat)
+        flags |= _REGULAR
+    body = zlib.compress(_shuffle(stream), 1)
+    if len(body) > _PCO_WORTH:
+        pco = simple_compress(exact.view(np.float64 if scale == RAW_FLOAT else np.int64), _PCO)
+        if len(pco) < len(body):
+            body, flags = pco, flags | _PCO_VALUES
+    return bytes((VERSION_PCO, scale, flags)) + head + body
 
 
 def _decode_v2(blob: bytes, chunk_start_ms: int) -> tuple[np.ndarray, np.ndarray]:
