@@ -22,10 +22,10 @@ Version 2 (``docs/store.md``)::
     then     timestamps: varints (n, first offset, step) when regular,
              else varints (n, length) + pcodec(int64 offsets)
     rest     values: pcodec(decimal-scaled int64, or float64 when raw), or version 1's
-             zlib(shuffle(value stream)), whichever is smaller
+             zlib(shuffle(value stream)), whichever is smaller (pcodec only tried past 32 bytes)
 
 The collector stamps samples with the scheduled tick, so timestamps are nearly always
-regular and cost three bytes; pcodec (https://github.com/pcodec/pcodec) finds each
+regular and cost 3-6 bytes; pcodec (https://github.com/pcodec/pcodec) finds each
 series' own delta order and bit widths, which zlib over shuffled bytes does not, but its
 header costs about 25 bytes, so short flat chunks keep zlib.
 """
