@@ -84,18 +84,23 @@ class PageMemory:
         if not trusted:
             self.digest = self.refresh_ms = None
             self.unchanged = 0
-        if not trusted or self.changes % COMMENTS_EVERY == 0:
             self.strip = other_comments(text)
-        body = content(text) if self.strip else text
-        digest = (len(body), hash(body))
+        digest = self._digest(text)
         if digest == self.digest:
             self.unchanged += 1
             return True
         if self.digest is not None and self.since_ms is not None:
             self.refresh_ms = ts_ms - self.since_ms
-        self.digest, self.since_ms = digest, ts_ms
         self.changes += 1
+        if self.changes % COMMENTS_EVERY == 0 and other_comments(text) != self.strip:
+            self.strip = not self.strip  # comments came or went without a failed scrape
+            digest = self._digest(text)
+        self.digest, self.since_ms = digest, ts_ms
         return False
+
+    def _digest(self, text: str) -> tuple[int, int]:
+        body = content(text) if self.strip else text
+        return len(body), hash(body)
 
     def refresh_seconds(self, ts_ms: int) -> float | None:
         """The target's effective resolution now; None until a page was seen unchanged

@@ -251,6 +251,14 @@ def test_an_unchanged_inference_page_is_translated_for_its_window() -> None:
     assert not [s for s in written if s.series.metric == REFRESH]
 
 
+def test_comments_that_appear_later_are_found_within_a_hundred_changes() -> None:
+    m = PageMemory()
+    for i in range(150):  # a plain page changing every scrape ...
+        assert not m.same(f"a {i}\n", i * 1000, trusted=i > 0)
+    at = [i for i in range(150, 400) if not m.same(f"# at {i}\na 1\n", i * 1000, True)]
+    assert at[0] == 150 and len(at) <= 51  # ... then stamped: new until the next check
+
+
 def test_page_memory_measures_the_interval_between_changes() -> None:
     m = PageMemory()
     assert not m.same("a 1\n", 0, trusted=False)
