@@ -20,9 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -32,7 +29,8 @@ from typing import Any
 import httpx
 
 from hbmwatch import log
-from hbmwatch.bench.benchmarks import _scenario_toml
+from hbmwatch.bench.scale import simulated_fleet
+from hbmwatch.bench.versus import inference_fleet_toml
 from hbmwatch.collector.engine import ScrapeEngine
 from hbmwatch.collector.targets import Target, TargetSet
 from hbmwatch.settings import CollectorSettings
@@ -42,39 +40,13 @@ LIMIT = 10 * 2**20
 Fetch = Callable[[str], Awaitable[bytes]]
 
 
-def inference_fleet_toml(gpus: int) -> str:
-    """``gpus`` (a multiple of 8) on racks of 8 nodes, no training job: a vLLM page a GPU."""
-    skus = ("MI300X", "H200", "MI355X", "H100")
-    nodes, racks = gpus // 8, []
-    while nodes > 0:
-        racks.append({"name": f"r{len(racks)}", "nodes": min(8, nodes),
-                      "sku": skus[len(racks) % 4]})  # fmt: skip
-        nodes -= 8
-    return _scenario_toml({"name": "fetch", "duration": "24h", "seed": 3, "racks": racks})
-
-
 @contextlib.contextmanager
 def fleet(gpus: int) -> Iterator[list[dict[str, Any]]]:
-    """The simulated fleet's process, serving; its targets ({kind, url, labels})."""
+    """The simulated fleet (``bench versus``' shape), serving; its targets."""
     with tempfile.TemporaryDirectory(prefix="bench-fetch-") as tmp:
-        folder = Path(tmp)
-        (folder / "fleet.toml").write_text(inference_fleet_toml(gpus))
-        targets_file = folder / "targets.json"
-        argv = [sys.executable, "-m", "hbmwatch.cli", "sim", str(folder / "fleet.toml"),
-                "--port", "0", "--speed", "0.01", "--targets", str(targets_file),
-                "--truth", str(folder / "truth.json")]  # fmt: skip
-        with (folder / "sim.log").open("w") as log_file:
-            sim = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 120
-            while not targets_file.exists() or not targets_file.read_text().strip():
-                if time.monotonic() > deadline or sim.poll() is not None:
-                    raise RuntimeError((folder / "sim.log").read_text())
-                time.sleep(0.2)
-            yield json.loads(targets_file.read_text())
-        finally:
-            sim.terminate()
-            sim.wait(timeout=30)
+        toml = inference_fleet_toml(gpus)
+        with simulated_fleet(Path(tmp), gpus, toml=toml, speed=0.01) as (_, targets):
+            yield targets
 
 
 async def best_cpu(round_: Callable[[], Awaitable[object]], rounds: int) -> float:
