@@ -82,12 +82,15 @@ def fleet_toml(gpus: int) -> str:
 
 
 @contextmanager
-def simulated_fleet(folder: Path, gpus: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:
-    """The fleet's process and its targets ({kind, url, labels})."""
-    (folder / "fleet.toml").write_text(fleet_toml(gpus))
+def simulated_fleet(
+    folder: Path, gpus: int, *, toml: str | None = None, speed: float = FLEET_SPEED
+) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """The fleet's process and its targets ({kind, url, labels}); ``toml`` is the scenario
+    (``fleet_toml(gpus)`` when None)."""
+    (folder / "fleet.toml").write_text(toml or fleet_toml(gpus))
     targets_file = folder / "targets.json"
     argv = [sys.executable, "-m", "hbmwatch.cli", "sim", str(folder / "fleet.toml"),
-            "--port", "0", "--speed", str(FLEET_SPEED), "--targets", str(targets_file),
+            "--port", "0", "--speed", str(speed), "--targets", str(targets_file),
             "--truth", str(folder / "truth.json")]  # fmt: skip
     with (folder / "sim.log").open("w") as log_file:
         sim = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)

@@ -12,8 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from hbmwatch import log
+from hbmwatch.cli.bench_versus import bench_versus
 
 bench_app = typer.Typer(help="Benchmarks: figures for docs/benchmarks.md.", no_args_is_help=True)
+bench_app.command("versus")(bench_versus)
 console = Console(stderr=True)
 
 
