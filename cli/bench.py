@@ -12,10 +12,12 @@ from rich.console import Console
 from rich.table import Table
 
 from hbmwatch import log
+from hbmwatch.cli.bench_codec import bench_codec
 from hbmwatch.cli.bench_versus import bench_versus
 
 bench_app = typer.Typer(help="Benchmarks: figures for docs/benchmarks.md.", no_args_is_help=True)
 bench_app.command("versus")(bench_versus)
+bench_app.command("codec")(bench_codec)
 console = Console(stderr=True)
 
 

@@ -81,6 +81,12 @@ def eval_(
         bool,
         typer.Option(help="Scrape the simulated fleet over loopback HTTP (default: in-process)."),
     ] = False,
+    exporter_refresh: Annotated[
+        float | None,
+        typer.Option(
+            min=0, max=3600, help="Seconds between exporter page refreshes (overrides scenarios)."
+        ),
+    ] = None,
 ) -> None:
     """Run scenarios through collector, store, detectors, alerting and delivery; score the
     findings and the incidents and pages against ground truth."""
@@ -105,7 +111,8 @@ def eval_(
         results = evaluation.evaluate(scenarios, seeds, jobs=jobs, duration_s=duration,
                                       done=done, start_hour=start_hour,
                                       random_start=random_start,
-                                      http_scrape=http_scrape)  # fmt: skip
+                                      http_scrape=http_scrape,
+                                      exporter_refresh=exporter_refresh)  # fmt: skip
     except (HbmwatchError, ValueError, FileNotFoundError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc

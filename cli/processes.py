@@ -190,6 +190,10 @@ def sim(
     targets_file: Annotated[
         Path | None, typer.Option("--targets", help="Also write the scrape targets (JSON).")
     ] = None,
+    exporter_refresh: Annotated[
+        float | None,
+        typer.Option(help="Seconds between exporter page refreshes (overrides the scenario)."),
+    ] = None,
 ) -> None:
     """Serve a simulated fleet's exporter, vLLM and training endpoints on 127.0.0.1."""
     from hbmwatch.simulator.runner import Simulation
@@ -200,8 +204,13 @@ def sim(
     if speed <= 0:
         console.print("[red]error:[/red] --speed must be positive")
         raise typer.Exit(2)
+    if exporter_refresh is not None and not 0 <= exporter_refresh <= 3600:
+        console.print("[red]error:[/red] --exporter-refresh must be between 0 and 3600 seconds")
+        raise typer.Exit(2)
     try:
         loaded = load_scenario(scenario)
+        if exporter_refresh is not None:
+            loaded = loaded.with_exporter_refresh(exporter_refresh)
     except HbmwatchError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

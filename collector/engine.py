@@ -1,11 +1,12 @@
-"""The scrape engine: every target on its own interval, many at once, asyncio and httpx.
+"""The scrape engine: every target on its own interval, many at once, on one asyncio loop.
 
 Each target gets a loop: wait for its next tick (spread over the interval by a fixed
-per-target offset, so a thousand targets do not fire together), fetch with a timeout,
-parse, translate into canonical samples, and hand them to a batching sink that writes to
-the store from a thread (spooling while the store is down).  Alongside its samples every
-scrape writes the target's own health: ``hbmwatch_target_up``, the scrape's duration, its
-sample count and what it dropped by reason.  A target that stops answering gets ``up 0``
+per-target offset, so a thousand targets do not fire together), fetch with a timeout
+(one kept-alive connection a target, collector/http.py), parse, translate into canonical
+samples, and hand them to a batching sink that writes to the store from a thread
+(spooling while the store is down).  Alongside its samples every scrape writes the
+target's own health: ``hbmwatch_target_up``, the scrape's duration, its sample count and
+what it dropped by reason.  A target that stops answering gets ``up 0``
 and nothing else: its series go stale, they are never flat-lined.  One that has never
 answered is "not yet up" in its state (it still writes ``up 0``: the detectors decide).
 
@@ -38,9 +39,9 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge as PromGauge
 
 from hbmwatch import log
+from hbmwatch.collector.http import Client, FetchError, HttpClient, HttpxClient, PageError
 from hbmwatch.collector.limits import LimitExceeded
 from hbmwatch.collector.scrape import (  # translator_for, TargetState: importable from here too
-    PageError,
     ScrapeReport,
     TargetState,
     collect,
@@ -60,6 +61,8 @@ CACHE_RESET_SCRAPES = 3600
 BEHIND_LOG_SECONDS = 60.0
 #: A failed device inventory is retried this much later.
 INVENTORY_RETRY_MS = 5_000
+#: The exposition format a scrape asks for (Prometheus' text format).
+ACCEPT = {"Accept": "text/plain;version=0.0.4"}
 
 
 class ScrapeEngine:
@@ -87,6 +90,8 @@ class ScrapeEngine:
         self.scrapes = PromCounter(
             "hbmwatch_collector_scrapes", "Scrapes by result.", ["result"], registry=registry
         )
+        #: The two children, looked up once (``labels()`` costs more than ``inc()``).
+        self._scraped = {True: self.scrapes.labels("up"), False: self.scrapes.labels("down")}
         self.samples = PromCounter(
             "hbmwatch_collector_samples", "Canonical samples collected.", registry=registry
         )
@@ -139,17 +144,15 @@ class ScrapeEngine:
                 await state.client.aclose()
                 state.client = None
 
-    def _client(self, state: TargetState) -> httpx.AsyncClient:
-        # One small client per target: a shared pool scans all its connections on every
-        # event, which at a thousand targets costs more than the parsing does.  They share
-        # one TLS context: each of its own loads the CA bundle, 90 ms of CPU a target.
+    def _client(self, state: TargetState) -> Client:
+        # One connection per target (collector/http.py), or the given httpx transport (the
+        # simulator in-process).  They share one TLS context: each of its own loads the CA
+        # bundle, 90 ms of CPU a target.
         if state.client is None:
-            state.client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
-                transport=self._transport,
-                verify=_tls_context(),
-                headers={"Accept": "text/plain;version=0.0.4"},
-            )
+            if self._transport is None:
+                state.client = HttpClient(_tls_context(), ACCEPT)
+            else:
+                state.client = HttpxClient(self._transport, _tls_context(), ACCEPT)
         return state.client
 
     def state(self, target: Target) -> TargetState:
@@ -172,15 +175,14 @@ class ScrapeEngine:
         error = reason = ""
         try:
             collected = await collect(state, self._client(state), self.settings, ts_ms)
-        except (TimeoutError, httpx.TimeoutException):
+        except TimeoutError:
             error, reason = f"deadline exceeded after {target.timeout_seconds:g} s", "deadline"
         except LimitExceeded as exc:
             error, reason = str(exc), "sample_limit"
         except PageError as exc:
             error, reason = str(exc), exc.reason
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            reason = "http_error"
+        except FetchError as exc:
+            error, reason = str(exc), "http_error"
         duration = time.perf_counter() - started
         self._record(state, collected, error, reason)
         up = collected is not None
@@ -188,7 +190,7 @@ class ScrapeEngine:
         own = health(state, ts_ms, up, duration, len(samples))
         self.sink.add(samples + own)  # before the inventory, whose failure must not cost them
         self.samples.inc(len(samples))
-        self.scrapes.labels("up" if up else "down").inc()
+        self._scraped[up].inc()
         if collected and collected.devices:
             await self._inventory(state, collected, ts_ms)
         dropped = dict(collected.dropped) if collected else {}

@@ -1,24 +1,23 @@
 """One scrape of one target: its state, the fetch, the page's limits, translation, health.
 
 The engine (collector/engine.py) schedules scrapes; this module fetches each page under
-one deadline (``within_deadline``: connect, headers and body together, since httpx's own
-timeout is per read and a trickled page never met it), then translates it.  A page at
-least ``OFFLOAD_BYTES`` long is translated in a worker thread, so one exploding target
-cannot starve the event loop (and with it every other target and the API).
+one deadline (``Deadline``: connect, headers and body together, since a per-read timeout
+never ends a trickled page), then translates it.  A page at least ``OFFLOAD_BYTES`` long
+is translated in a worker thread, so one exploding target cannot starve the event loop
+(and with it every other target and the API).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from hbmwatch.collector.http import Client
 from hbmwatch.collector.limits import check_sample_limit, drop_long_labels
+from hbmwatch.collector.refresh import SKIPS_UNCHANGED, PageMemory
 from hbmwatch.collector.sources.dcgm import DcgmTranslator
 from hbmwatch.collector.sources.dme import DmeTranslator
 from hbmwatch.collector.sources.federated import SOURCES, FederatedTranslator
@@ -34,7 +33,7 @@ from hbmwatch.settings import CollectorSettings
 #: pages): a thread hop costs ~150-350 us, parsing a 3 KB page inline 90 us, a 23 KB page
 #: 0.7 ms, a 380 KB page 27 ms; so small pages stay on the loop, big ones leave it.
 OFFLOAD_BYTES = 64 * 2**10
-#: A deadline that fires this late found the loop itself stalled (see ``within_deadline``).
+#: A deadline that fires this late found the loop itself stalled (see ``Deadline``).
 STALL_SECONDS = 0.25
 
 
@@ -71,17 +70,30 @@ class TargetState:
     reason: str = ""  # why the last scrape failed, in a word (a label of the failures counter)
     last_inventory_ms: int = 0
     last_scrape_ms: int | None = None
-    client: httpx.AsyncClient | None = None
+    client: Client | None = None
     #: A page still being parsed in a worker thread after its scrape's deadline passed.
     parsing: asyncio.Future[Collected] | None = None
     capped_at_reset: int = 0  # series dropped by the target's limits at the last cache reset
     skipped_ticks: int = 0
     late_scrapes: int = 0
     behind_mark: tuple[int, int] = (0, 0)  # skipped, late when the last warning counted them
+    page: PageMemory = field(default_factory=PageMemory)  # unchanged pages (collector/refresh.py)
+
+    #: The health series' keys, by name (and drop reason): built once, not every scrape.
+    keys: dict[str, SeriesKey] = field(default_factory=dict)
 
     def self_labels(self) -> dict[str, str]:
         base = {k: v for k, v in self.target.labels.items() if k in ("cluster", "rack", "host")}
         return {**base, "target": self.target.url, "source": self.target.kind}
+
+    def key(self, name: str, reason: str = "") -> SeriesKey:
+        """The target's own series ``name`` (``reason``: of the dropped-samples counter)."""
+        key = self.keys.get(name + reason)
+        if key is None:
+            labels = self.self_labels()
+            key = SeriesKey(name, {**labels, "reason": reason} if reason else labels)
+            self.keys[name + reason] = key
+        return key
 
 
 @dataclass
@@ -95,40 +107,51 @@ class ScrapeReport:
     reason: str = ""
 
 
-class PageError(Exception):
-    """A scrape that got an answer, but not a page: HTTP status, size limit."""
+class Deadline:
+    """``asyncio.timeout`` over a scrape's fetch, forgiving one stall of our own loop.
 
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-async def within_deadline(fetching: Awaitable[str], timeout: float) -> str:
-    """The page, or ``TimeoutError`` once ``timeout`` seconds have passed in all.
-
-    A deadline that fires more than ``STALL_SECONDS`` late found this process's own loop
-    stalled (a GC pass, a busy host): that time was ours, not the target's, so the fetch
-    gets one more ``timeout`` before the target counts as down.
+    The fetch (connect, headers, body) is cancelled ``timeout`` seconds after entry, and
+    leaves with ``TimeoutError``.  A deadline that fires more than ``STALL_SECONDS`` late
+    found this process's own loop stalled (a GC pass, a busy host): that time was ours, not
+    the target's, so the fetch gets one more ``timeout`` before the target counts as down.
+    No task is made: the fetch runs in the scrape's own.
     """
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(fetching)
-    task.add_done_callback(retrieve)
-    try:
-        deadline = loop.time() + timeout
-        for _ in range(2):
-            await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
-            if task.done():
-                return task.result()
-            if loop.time() - deadline < STALL_SECONDS:  # woke on time: the target is slow
-                break
-            deadline = loop.time() + timeout
-        raise TimeoutError
-    finally:
-        task.cancel()  # a no-op when done; else the fetch ends here
+
+    __slots__ = ("_cancelling", "_expired", "_extended", "_handle", "_loop", "_task", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+
+    async def __aenter__(self) -> Deadline:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task, self._cancelling = task, task.cancelling()
+        self._expired = self._extended = False
+        self._arm()
+        return self
+
+    def _arm(self) -> None:
+        at = self._loop.time() + self.timeout
+        self._handle = self._loop.call_at(at, self._fire, at)
+
+    def _fire(self, at: float) -> None:
+        if self._loop.time() - at >= STALL_SECONDS and not self._extended:
+            self._extended = True  # woke late: the loop stalled, not the target
+            self._arm()
+            return
+        self._expired = True
+        self._task.cancel()
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: object, tb: object) -> None:
+        self._handle.cancel()
+        expired = self._expired and self._task.uncancel() <= self._cancelling  # ours, not a stop
+        if expired and kind is asyncio.CancelledError:
+            raise TimeoutError from exc  # type: ignore[misc]
 
 
 async def collect(
-    state: TargetState, client: httpx.AsyncClient, settings: CollectorSettings, ts_ms: int
+    state: TargetState, client: Client, settings: CollectorSettings, ts_ms: int
 ) -> Collected:
     """Fetch one page within the target's deadline, then translate it.
 
@@ -143,9 +166,11 @@ async def collect(
     target = state.target
     request = getattr(state.translator, "request", None)  # a prometheus target's /federate
     url, params = request(target.url) if request else (target.url, None)
-    text = await within_deadline(
-        fetch(client, url, settings.max_page_bytes, params), target.timeout_seconds
-    )
+    async with Deadline(target.timeout_seconds):
+        body = await client.get(url, settings.max_page_bytes, params)
+    text = decode(body)
+    if target.kind in SKIPS_UNCHANGED and state.page.same(text, ts_ms, state.up is True):
+        return Collected(devices=state.page.devices)  # not refreshed: nothing new to store
     if len(text) < OFFLOAD_BYTES:
         return translate(state, text, ts_ms, settings)
     task = asyncio.ensure_future(asyncio.to_thread(translate, state, text, ts_ms, settings))
@@ -162,25 +187,14 @@ def translate(state: TargetState, text: str, ts_ms: int, settings: CollectorSett
     limit = settings.label_value_length_limit
     text, too_long = drop_long_labels(text, limit)
     collected: Collected = state.translator.translate_text(text, ts_ms)
+    state.page.devices = collected.devices  # what an unchanged page shows the inventory
     if too_long:
         collected.drop("label_too_long", too_long, f"label values over {limit} characters")
     return collected
 
 
-async def fetch(
-    client: httpx.AsyncClient, url: str, limit: int, params: list[tuple[str, str]] | None = None
-) -> str:
-    # No per-read timeout: the scrape's deadline bounds the whole fetch (engine.py).
-    async with client.stream("GET", url, params=params, timeout=None) as r:
-        if r.status_code != 200:
-            raise PageError(f"HTTP {r.status_code}", "http_status")
-        chunks, size = [], 0
-        async for chunk in r.aiter_bytes():
-            size += len(chunk)
-            if size > limit:
-                raise PageError(f"page larger than {limit} bytes", "page_too_large")
-            chunks.append(chunk)
-    body = b"".join(chunks)
+def decode(body: bytes) -> str:
+    """The page's text; bytes that are not UTF-8 become U+FFFD (the parser drops them)."""
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError:
@@ -188,24 +202,25 @@ async def fetch(
 
 
 def health(state: TargetState, ts_ms: int, up: bool, duration: float, samples: int) -> list[Sample]:
-    """The target's own series: up, duration, samples, and what it dropped or skipped."""
-    labels = state.self_labels()
+    """The target's own series: up, duration, samples, refresh, what it dropped or skipped."""
+    key = state.key
     out = [
-        Sample(SeriesKey("hbmwatch_target_up", labels), ts_ms, 1.0 if up else 0.0),
-        Sample(SeriesKey("hbmwatch_scrape_duration_seconds", labels), ts_ms, duration),
+        Sample(key("hbmwatch_target_up"), ts_ms, 1.0 if up else 0.0),
+        Sample(key("hbmwatch_scrape_duration_seconds"), ts_ms, duration),
     ]
     if up:
-        out.append(Sample(SeriesKey("hbmwatch_scrape_samples", labels), ts_ms, float(samples)))
-    for name, total in (
-        ("hbmwatch_scrape_skipped_ticks_total", state.skipped_ticks),
-        ("hbmwatch_scrape_late_total", state.late_scrapes),
-    ):
-        if total:  # written once the target has fallen behind: no cost before
-            out.append(Sample(SeriesKey(name, labels), ts_ms, float(total)))
+        out.append(Sample(key("hbmwatch_scrape_samples"), ts_ms, float(samples)))
+        refresh = state.page.refresh_seconds(ts_ms)
+        if refresh is not None:  # written once the target served an unchanged page
+            out.append(Sample(key("hbmwatch_target_refresh_seconds"), ts_ms, refresh))
+    if state.skipped_ticks:  # written once the target has fallen behind: no cost before
+        skipped = float(state.skipped_ticks)
+        out.append(Sample(key("hbmwatch_scrape_skipped_ticks_total"), ts_ms, skipped))
+    if state.late_scrapes:
+        out.append(Sample(key("hbmwatch_scrape_late_total"), ts_ms, float(state.late_scrapes)))
     for reason, total in state.dropped.items():
         if reason in DROP_REASONS:
-            key = SeriesKey("hbmwatch_scrape_dropped_total", {**labels, "reason": reason})
-            out.append(Sample(key, ts_ms, float(total)))
+            out.append(Sample(key("hbmwatch_scrape_dropped_total", reason), ts_ms, float(total)))
     return out
 
 

@@ -7,10 +7,12 @@ counts what it had to drop and why, and reports the devices it saw for the inven
 from __future__ import annotations
 
 import math
+import operator
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from itertools import repeat
+from typing import Any, Protocol
 
 from hbmwatch.collector.exposition import (
     MalformedLine,
@@ -143,6 +145,39 @@ def add_fallbacks(out: Collected, fallback: list[tuple[Mapped, float]], ts_ms: i
             out.add(m.key, ts_ms, value * m.scale)  # type: ignore[arg-type]
 
 
+_HEAD, _TAIL = operator.itemgetter(0), operator.itemgetter(2)
+_NEW = tuple.__new__  # a Sample without NamedTuple's Python-level __new__
+
+
+def _picker(lines: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """What takes the items at ``lines`` out of a sequence, as a tuple, in one C call."""
+    if not lines:
+        return lambda values: ()
+    if len(lines) == 1:
+        return lambda values: (values[lines[0]],)
+    return operator.itemgetter(*lines)  # type: ignore[return-value]
+
+
+_NOTHING = _picker([])
+
+
+@dataclass(slots=True)
+class _Shape:
+    """What each line of a page of one shape is: a plain series (key and factor), a
+    special line for ``_finish``, or a drop; recognised by its lines up to their values."""
+
+    heads: list[str]  # each line of the page up to its last space, comments too
+    samples_of: Callable[[Sequence[Any]], tuple[Any, ...]]  # page lines -> sample lines
+    plain_of: Callable[[Sequence[Any]], tuple[Any, ...]]  # sample values -> plain ones
+    keys: list[SeriesKey]
+    factors: list[float]
+    special: list[tuple[int, Mapped]]  # (sample line, what it is)
+    drops: Counter[str]
+    twice: list[str]  # what the loop says of each repeated series ("malformed")
+    usable: bool = True  # False: a page of this shape is read line by line every time
+    pending: bool = False  # seen once: built if the next page has the same lines
+
+
 class LineTranslator:
     """Exporter pages whose lines map one to one onto canonical series (DME, dcgm-exporter).
 
@@ -152,6 +187,13 @@ class LineTranslator:
     scrapes only convert the value.  The memo doubles as the target's series cap.  Lines
     that need more than a factor (``Mapped.special``, or an older alias with a
     ``priority``) are handed to ``_finish`` at the end of the page.
+
+    A page whose lines, up to their values, are those of the page before (the common case)
+    skips even the per-line lookups: its ``_Shape``, built from the memo when a second page
+    in a row shows the same lines (pages that change every time pay no build), says which
+    lines are plain series (converted and turned into samples by C-level maps), special,
+    or dropped.  A page with a bad, non-finite or sentinel value
+    is read line by line, so what it drops is counted as before.
     """
 
     #: Values at or above this are checked with ``is_sentinel`` (dcgm-exporter's blanks).
@@ -162,6 +204,7 @@ class LineTranslator:
         self._memo: dict[str, Mapped] = {}
         #: The common case, looked up first: line key -> (canonical series, factor).
         self._plain: dict[str, tuple[SeriesKey, float]] = {}
+        self._shape: _Shape | None = None
 
     @staticmethod
     def is_sentinel(value: float) -> bool:
@@ -176,8 +219,83 @@ class LineTranslator:
     def clear(self) -> None:
         self._memo.clear()
         self._plain.clear()
+        self._shape = None
 
     def translate_text(self, text: str, ts_ms: int) -> Collected:
+        """A page of the last page's shape goes through its ``_Shape`` (values only); any
+        other, or one with a bad, non-finite or sentinel value, line by line."""
+        parts = list(map(str.rpartition, text.split("\n"), repeat(" ")))
+        heads = list(map(_HEAD, parts))  # each line up to its last space
+        shape = self._shape
+        if shape is not None and shape.heads == heads:
+            if shape.pending:  # the second page of this shape in a row: worth a _Shape
+                shape = self._shape = self._shape_of(parts, heads)
+            out = self._shaped(shape, parts, ts_ms) if shape.usable else None
+            return out if out is not None else self.translate_lines(text, ts_ms)
+        out = self.translate_lines(text, ts_ms)
+        self._shape = _Shape(heads, _NOTHING, _NOTHING, [], [], [], Counter(), [], False, True)
+        return out
+
+    def _shaped(self, shape: _Shape, parts: list[Any], ts_ms: int) -> Collected | None:
+        try:
+            values = list(map(float, map(_TAIL, shape.samples_of(parts))))
+        except ValueError:
+            return None
+        plain = shape.plain_of(values)
+        if plain and not math.isfinite(sum(plain)):
+            return None  # a non-finite value: counted line by line
+        floor, blank = self.sentinel_floor, self.is_sentinel
+        if plain and max(plain) >= floor and any(map(blank, filter(floor.__le__, plain))):
+            return None  # a sentinel (dcgm-exporter's blank): counted line by line
+        out = Collected()
+        scaled = map(operator.mul, plain, shape.factors)
+        out.samples = list(map(_NEW, repeat(Sample), zip(shape.keys, repeat(ts_ms), scaled)))
+        for why in shape.twice:
+            out.drop("malformed", why=why)
+        if shape.drops:
+            out.dropped.update(shape.drops)
+        if shape.special:
+            self._finish(out, [(m, values[i]) for i, m in shape.special], ts_ms)
+        return out
+
+    def _shape_of(self, parts: list[Any], heads: list[str]) -> _Shape:
+        """The page's shape, from the memo the page just filled; not ``usable`` where a
+        line needed more than its series looked up (a timestamp, odd spacing, malformed or
+        capped)."""
+        lines: list[int] = []
+        shape = _Shape(heads, _NOTHING, _NOTHING, [], [], [], Counter(), [])
+        unusable = _Shape(heads, _NOTHING, _NOTHING, [], [], [], Counter(), [], False)
+        seen: set[str] = set()
+        plain_lines: list[int] = []
+        for i, (head, space, tail) in enumerate(parts):
+            line = head + space + tail
+            if not line or line[0] == "#":
+                continue
+            if line[-1] in " \t\r" or line[0] in " \t":
+                return unusable
+            m = self._memo.get(head)
+            if m is None:
+                return unusable
+            if head in seen:
+                shape.twice.append(f"the same series twice on one page: {head[:120]}")
+                continue
+            seen.add(head)
+            n = len(lines)
+            lines.append(i)
+            if head in self._plain:
+                plain_lines.append(n)
+                shape.keys.append(m.key)  # type: ignore[arg-type]
+                shape.factors.append(m.scale)
+            elif m.special or m.priority:
+                shape.special.append((n, m))
+            elif m.drop != "ignored":
+                shape.drops[m.drop or "unmapped"] += 1
+        shape.samples_of, shape.plain_of = _picker(lines), _picker(plain_lines)
+        return shape
+
+    def translate_lines(self, text: str, ts_ms: int) -> Collected:
+        """The page read line by line (every page's first scrape; the reference the
+        shaped path is tested against)."""
         out = Collected()
         samples, dropped, plain = out.samples, out.dropped, self._plain
         special: list[tuple[Mapped, float]] = []

@@ -42,6 +42,8 @@ from hbmwatch.taxonomy import FindingKind
 
 #: One definition: the setting's default.
 FIRST_UP_GRACE_S: float = DetectionSettings.model_fields["target_first_up_grace_seconds"].default
+#: Learned again from a sensor's next two samples: not saved with the state.
+VOLATILE = ("every_ms_", "omin_", "omax_")
 
 
 class DataQuality(SensorChecks, TargetChecks):
@@ -55,7 +57,11 @@ class DataQuality(SensorChecks, TargetChecks):
       memory bandwidth by ``bw_move`` (an idle, steady GPU may hold a rounded temperature for
       minutes; a loaded one cannot).  Only watched time counts: a value seen again after
       ``gap_s`` without samples (a target down, a dropout) restarts the clock.  One finding per
-      sensor.  Cause ``sensor``.
+      sensor.  A sensor whose exporter refreshes every 30 s (up to 60 s) is watched across
+      its refreshes: a gap is longer than ``gap_s`` and 1.5x its last interval; with so few
+      samples a steady whole degree repeats by chance, so such a sensor must hold over 24
+      samples while its partner temperature (memory <-> hotspot, stacks -> hotspot) moved
+      by 2 C too.  Cause ``sensor``.
     * ``gap``: signals the GPU reported before have been missing for ``gap_s`` while the
       GPU's other signals still arrive; one finding per GPU, evidence per missing signal (a
       dropped memory sensor takes its HBM stacks with it).  Cause ``sensor``.
@@ -120,8 +126,9 @@ class DataQuality(SensorChecks, TargetChecks):
 
     def _init_state(self) -> None:
         self.stuck_ = EntityTable(
-            {"value_": np.nan, "since_ms_": np.nan, "seen_ms_": np.nan, "pmin_": np.nan,
-             "pmax_": np.nan, "bmin_": np.nan, "bmax_": np.nan}
+            {"value_": np.nan, "since_ms_": np.nan, "seen_ms_": np.nan, "every_ms_": np.nan,
+             "pmin_": np.nan, "pmax_": np.nan, "bmin_": np.nan, "bmax_": np.nan,
+             "omin_": np.nan, "omax_": np.nan}
         )  # fmt: skip
         self.seen_ = EntityTable({"last_ms_": np.nan})
         self.gpus_ = EntityTable({"power_scale_": np.nan})
@@ -305,7 +312,7 @@ class DataQuality(SensorChecks, TargetChecks):
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
-            "stuck": self.stuck_.state_dict(),
+            "stuck": _without(self.stuck_.state_dict(), VOLATILE),
             "seen": self.seen_.state_dict(),
             "gpus": self.gpus_.state_dict(),
             "targets": self.targets_.state_dict(),
@@ -350,6 +357,13 @@ class _Layout:
              det.targets_.rows(t_keys)),
             det.gpus_.rows(g_keys),
         )  # fmt: skip
+
+
+def _without(state: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """A table's state less fields that are relearned in a few samples (and so not saved:
+    state saved before they existed loads and saves back the same)."""
+    arrays = {k: v for k, v in state["arrays"].items() if k not in fields}
+    return {**state, "arrays": arrays}
 
 
 def _rowmax(a: np.ndarray) -> np.ndarray:

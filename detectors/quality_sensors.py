@@ -22,6 +22,19 @@ GPU_ENTITY = ("cluster", "rack", "host", "gpu", "sku")
 TEMPS = ("mem_temp", "hot_temp", *(f"stack{i}" for i in range(MAX_STACKS)))
 GAP_SIGNALS = ("mem_temp", "hot_temp", "power", "clock", "mem_clock", "bw", "util")
 GAPS = (*GAP_SIGNALS, *(f"stack{i}" for i in range(MAX_STACKS)))
+#: The longest interval between a sensor's samples that the stuck check takes for its
+#: exporter's refresh (dcgm-exporter's default is 30 s) rather than for an outage.
+MAX_REFRESH_MS = 60_000
+#: A sensor sampled that rarely must also hold its value over this many samples: a steady
+#: whole degree read every 30 s repeats by chance for 8 minutes (seen in the simulator), not
+#: 120 times in a row at 1 s.  At 30 s a stuck sensor is found after 12 minutes.
+STUCK_MIN_SAMPLES = 24
+#: Samples further apart than this are sparse: a steady whole-degree reading then repeats by
+#: chance, so the GPU's other temperature must also have moved by ``PARTNER_MOVE_C``.
+SPARSE_MS = 5_000
+PARTNER_MOVE_C = 2.0
+#: Each temperature's partner (its column in ``TEMPS``): memory <-> hotspot, stacks -> hotspot.
+PARTNER = np.array([1, 0, *([1] * MAX_STACKS)])
 
 
 class CheckReport(NamedTuple):
@@ -56,25 +69,39 @@ class SensorChecks:
         t_ms: int,
     ) -> np.ndarray:
         k = x.shape[1]
+        o = x[:, PARTNER].ravel()
         x = x.ravel()
         p, b = np.repeat(power, k), np.repeat(bw, k)
         known = ~np.isnan(x)
         # A value seen again after a gap (target down, dropout) restarts the clock: only time
         # watched counts as time unchanged.  NaN never equals: the first value counts too.
-        unseen = ~(t_ms - s["seen_ms_"] <= self.gap_s * 1000)
+        # A gap is longer than ``gap_s`` and than 1.5x the interval the sensor's samples
+        # came at last (an exporter refreshing every 30 s is watched, not gone).
+        waited = t_ms - s["seen_ms_"]
+        unseen = ~(waited <= np.fmax(self.gap_s * 1000, 1.5 * s["every_ms_"]))
         changed = known & ((x != s["value_"]) | unseen)
+        with np.errstate(invalid="ignore"):
+            s["every_ms_"] = np.where(known & (waited <= MAX_REFRESH_MS), waited, s["every_ms_"])
         s["seen_ms_"] = np.where(known, t_ms, s["seen_ms_"])
         s["value_"] = np.where(changed, x, s["value_"])
         s["since_ms_"] = np.where(changed, t_ms, s["since_ms_"])
         for name, now, fn in (("pmin_", p, np.fmin), ("pmax_", p, np.fmax),
-                              ("bmin_", b, np.fmin), ("bmax_", b, np.fmax)):  # fmt: skip
+                              ("bmin_", b, np.fmin), ("bmax_", b, np.fmax),
+                              ("omin_", o, np.fmin), ("omax_", o, np.fmax)):  # fmt: skip
             s[name] = np.where(changed, now, fn(s[name], now))
         with np.errstate(invalid="ignore"):
             moved = (s["pmax_"] - s["pmin_"] >= self.power_move_frac * scale) | (
                 s["bmax_"] - s["bmin_"] >= self.bw_move
             )
+            sparse = s["every_ms_"] > SPARSE_MS
+            moved &= ~sparse | (s["omax_"] - s["omin_"] >= PARTNER_MOVE_C)
         held_s = (t_ms - s["since_ms_"]) / 1000.0
-        return np.where(known, np.where(moved, held_s / self.stuck_s, 0.0), np.nan)
+        need_s = self._stuck_need_s(s["every_ms_"])
+        return np.where(known, np.where(moved, held_s / need_s, 0.0), np.nan)
+
+    def _stuck_need_s(self, every_ms: np.ndarray) -> np.ndarray:
+        """How long a value must hold: ``stuck_s``, or ``STUCK_MIN_SAMPLES`` samples apart."""
+        return np.fmax(self.stuck_s, STUCK_MIN_SAMPLES * every_ms / 1000.0)
 
     def _gap_step(self, s: dict[str, np.ndarray], x: np.ndarray, t_ms: int) -> np.ndarray:
         """Scored only at steps where the GPU delivered something else (it is alive)."""
@@ -106,7 +133,8 @@ class SensorChecks:
         scale = float(self.gpus_["power_scale_"][self.gpus_.index[ekey]])
         evidence = [
             Evidence(sensor_series(frame, "gpu", ekey, sub), "unchanged_for_s", held,
-                     self.stuck_s, start, t_ms, note=f"held at {value:g}"),
+                     float(self._stuck_need_s(s["every_ms_"][row])), start, t_ms,
+                     note=f"held at {value:g}"),
             Evidence(frame.series_of("gpu", ekey, "power"), "power_range_w",
                      _f(s["pmax_"][row] - s["pmin_"][row]),
                      _f(self.power_move_frac * scale), start, t_ms),

@@ -242,9 +242,11 @@ def hourly_progress(label: str, stream: TextIO | None = None) -> Callable[[float
 
 def _run_one(
     source: str, seed: int | None, duration_s: float | None, hour: float | None = None,
-    random_hour: bool = False, http_scrape: bool = False,
+    random_hour: bool = False, http_scrape: bool = False, exporter_refresh: float | None = None,
 ) -> RunResult:  # fmt: skip
     scenario = load_scenario(source)
+    if exporter_refresh is not None:
+        scenario = scenario.with_exporter_refresh(exporter_refresh)
     seed_used = scenario.seed if seed is None else seed
     start = start_time(scenario.name, seed_used, hour=hour, random_hour=random_hour)
     progress = hourly_progress(f"{scenario.name} seed {seed_used}")
@@ -271,15 +273,17 @@ def evaluate(
     start_hour: float | None = None,
     random_start: bool = False,
     http_scrape: bool = False,
+    exporter_refresh: float | None = None,
 ) -> list[RunResult]:
     """Every scenario at every seed, ``jobs`` runs at a time in worker processes; each run
     starts at ``start_hour`` of the simulated day, or a seeded random hour; ``http_scrape``
-    scrapes the fleet over loopback HTTP (the default is in-process, same pages)."""
+    scrapes the fleet over loopback HTTP (the default is in-process, same pages);
+    ``exporter_refresh`` makes every node's exporter refresh its page that often (s)."""
     plan = [(s, seed) for s in sources for seed in seeds]
     for source, _ in plan:
         load_scenario(source)  # a bad name or file fails before any run starts
     start_time("check", None, hour=start_hour)  # a bad hour fails before any run starts
-    when = (start_hour, random_start, http_scrape)
+    when = (start_hour, random_start, http_scrape, exporter_refresh)
     results: list[RunResult] = []
     if jobs <= 1:
         for source, seed in plan:

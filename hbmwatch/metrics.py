@@ -313,6 +313,14 @@ _DEFINITIONS: tuple[MetricDef, ...] = (
         "Canonical samples the last scrape of the target produced.",
         scope=Scope.COLLECTOR,
     ),
+    _g(
+        "hbmwatch_target_refresh_seconds",
+        "seconds",
+        "How often the target's page changes (its exporter's refresh): the interval between "
+        "its last two changes, or the current page's age once longer. Written once a scrape "
+        "found the page unchanged; unchanged pages are not stored again.",
+        scope=Scope.COLLECTOR,
+    ),
     _c(
         "hbmwatch_scrape_dropped_total",
         "samples",

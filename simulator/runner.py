@@ -22,6 +22,8 @@ from hbmwatch.simulator.scenario import Scenario
 from hbmwatch.simulator.workloads import Workloads
 
 DIURNAL_AMBIENT_C = {"air": 2.0, "dlc": 0.5}
+#: Spreads the nodes' refresh instants over the refresh period (exporters start apart).
+GOLDEN = (math.sqrt(5) - 1) / 2
 
 
 class Simulation:
@@ -45,6 +47,9 @@ class Simulation:
         self._stuck = np.zeros((self.fleet.size, 2), dtype=bool)
         self.effects = self.plan.effects(0.0)
         self.readings: Readings = {}
+        #: Each node's exporter refresh period (s) and the page it serves until the next.
+        self.refresh = [scenario.refresh_of(scenario.racks[n.rack]) for n in self.fleet.nodes]
+        self._node_pages: dict[int, tuple[int, str]] = {}
         self._warm_up()
 
     @property
@@ -110,9 +115,24 @@ class Simulation:
 
     # -- pages ------------------------------------------------------------------------------
     def node_page(self, node: int) -> str | None:
-        """The node's exporter page, or None while its exporter is down."""
+        """The node's exporter page, or None while its exporter is down.
+
+        An exporter with a refresh period (``exporter_refresh``) serves the same text until
+        its next refresh, as dcgm-exporter and DME do; each node refreshes at its own phase.
+        """
         if self.effects.node_down[node]:
+            self._node_pages.pop(node, None)  # a restarted exporter collects afresh
             return None
+        every = self.refresh[node]
+        if every <= 0:
+            return self._render(node)
+        epoch = math.floor(self.t / every + GOLDEN * node)
+        cached = self._node_pages.get(node)
+        if cached is None or cached[0] != epoch:  # refreshed since: collect now
+            cached = self._node_pages[node] = (epoch, self._render(node))
+        return cached[1]
+
+    def _render(self, node: int) -> str:
         return self.exposition.node_page(
             self.fleet.nodes[node], self.readings, self.effects.dropout
         )

@@ -38,6 +38,8 @@ class Rack(_Strict):
     memory_partition: Literal["nps1", "nps4"] = "nps1"
     dcgm_names: Literal["old", "4.6"] = "4.6"
     hbm_stack_sensors: bool = True
+    #: How often the node's exporter refreshes its page (None: the scenario's).
+    exporter_refresh: Duration | None = Field(None, ge=0, le=3600)
 
     @model_validator(mode="after")
     def _check(self) -> Rack:
@@ -227,6 +229,10 @@ class Scenario(_Strict):
     racks: list[Rack] = Field(min_length=1)
     workload: Workload = Workload()
     faults: list[Fault] = []
+    #: How often every node's exporter refreshes its page; between refreshes it serves the
+    #: same bytes, as dcgm-exporter (``-c 30000`` by default) and DME's cache do.  0: every
+    #: step.  A rack's ``exporter_refresh`` overrides it.
+    exporter_refresh: Duration = Field(0.0, ge=0, le=3600)
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:
@@ -243,6 +249,18 @@ class Scenario(_Strict):
 
     def rack(self, name: str) -> Rack:
         return next(r for r in self.racks if r.name == name)
+
+    def refresh_of(self, rack: Rack) -> float:
+        """Seconds between a rack's exporter page refreshes (0: a fresh page every step)."""
+        return self.exporter_refresh if rack.exporter_refresh is None else rack.exporter_refresh
+
+    def with_exporter_refresh(self, seconds: float) -> Scenario:
+        """This scenario with every exporter refreshing every ``seconds`` (``sim`` and
+        ``eval`` flags: the racks' own settings give way)."""
+        racks = [r.model_copy(update={"exporter_refresh": None}) for r in self.racks]
+        data = {**self.model_dump(), "exporter_refresh": seconds,
+                "racks": [r.model_dump() for r in racks]}  # fmt: skip
+        return Scenario.model_validate(data)
 
     @property
     def gpus(self) -> int:

@@ -11,6 +11,7 @@ import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, text
 
@@ -123,3 +124,43 @@ def bytes_at_rest(engine: Engine, *, vacuum: bool = False) -> dict[str, int]:
                 ).scalar_one()
             )
         return totals
+
+
+def chunk_rows_bytes(rows: Sequence[tuple[Any, ...]], columns: int) -> int:
+    """Bytes SQLite takes for ``rows`` in a table of ``samples_chunk``'s layout.
+
+    ``columns`` 9 is the real layout (series_id, start_ms, count, min, max, sum, last, data,
+    last_ms); 3 is (series_id, start_ms, data), a chunk without its minute statistics.  The
+    codec benchmark measures chunk formats with this instead of migrating a store per format.
+    """
+    names = _CHUNK_LAYOUTS[columns]
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.execute(
+            f"CREATE TABLE chunk ({', '.join(names)}, PRIMARY KEY (series_id, start_ms)) "
+            "WITHOUT ROWID"
+        )
+        marks = ", ".join("?" * columns)
+        conn.executemany(f"INSERT INTO chunk VALUES ({marks})", rows)
+        conn.commit()
+        conn.execute("VACUUM")
+        (size,) = conn.execute("SELECT sum(pgsize) FROM dbstat WHERE name = 'chunk'").fetchone()
+        return int(size)
+    finally:
+        conn.close()
+
+
+_CHUNK_LAYOUTS = {
+    9: (
+        "series_id INTEGER NOT NULL",
+        "start_ms INTEGER NOT NULL",
+        "count INTEGER",
+        "min REAL",
+        "max REAL",
+        "sum REAL",
+        "last REAL",
+        "data BLOB",
+        "last_ms INTEGER",
+    ),
+    3: ("series_id INTEGER NOT NULL", "start_ms INTEGER NOT NULL", "data BLOB"),
+}

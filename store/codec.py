@@ -1,6 +1,6 @@
 """Compressed per-series chunks: how one minute of one series is kept at rest.
 
-Layout of a chunk blob (version 1)::
+Compaction writes version 2; ``decode`` reads both.  Layout of a version 1 blob::
 
     byte 0   version
     byte 1   value mode: 0..9 = decimal scale k (values are integers / 10**k), 255 = raw float64
@@ -13,6 +13,21 @@ whose deltas are smaller still; the byte shuffle puts the zero high bytes togeth
 A value is only scaled when ``int / 10**k`` gives back the very same float, so the codec is
 lossless.  Encoding is vectorised over many segments at once, because compaction encodes a
 hundred thousand series a minute.
+
+Version 2 (``docs/store.md``)::
+
+    byte 0   version (2)
+    byte 1   value mode, as in version 1
+    byte 2   flags: 1 = regular timestamps, 2 = values in pcodec
+    then     timestamps: varints (n, first offset, step) when regular,
+             else varints (n, length) + pcodec(int64 offsets)
+    rest     values: pcodec(decimal-scaled int64, or float64 when raw), or version 1's
+             zlib(shuffle(value stream)), whichever is smaller (pcodec only tried past 32 bytes)
+
+The collector stamps samples with the scheduled tick, so timestamps are nearly always
+regular and cost 3-6 bytes; pcodec (https://github.com/pcodec/pcodec) finds each
+series' own delta order and bit widths, which zlib over shuffled bytes does not, but its
+header costs about 25 bytes, so short flat chunks keep zlib.
 """
 
 from __future__ import annotations
@@ -21,8 +36,11 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
+from pcodec import ChunkConfig
+from pcodec.standalone import simple_compress, simple_decompress
 
 VERSION = 1
+VERSION_PCO = 2
 RAW_FLOAT = 255
 MAX_SCALE = 9
 _MAX_EXACT_INT = float(2**53)
@@ -81,11 +99,16 @@ def _segment_scales(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 @np.errstate(over="ignore", invalid="ignore")
 def encode_segments(
-    chunk_start_ms: np.ndarray, ts_ms: np.ndarray, values: np.ndarray, starts: np.ndarray
+    chunk_start_ms: np.ndarray,
+    ts_ms: np.ndarray,
+    values: np.ndarray,
+    starts: np.ndarray,
+    version: int = VERSION_PCO,
 ) -> EncodedSegments:
     """Encode segments ``[starts[i], starts[i+1])`` of samples sorted by time within each.
 
     ``chunk_start_ms`` holds each segment's chunk start; timestamps must not precede it.
+    ``version`` 1 is kept for reading old data in tests and the codec benchmark.
 
     >>> ts = np.array([1000, 2000, 3000, 500, 1500], dtype=np.int64)
     >>> vals = np.array([45.0, 46.0, 46.0, 312.125, 311.5])
@@ -123,11 +146,16 @@ def encode_segments(
     xor = np.where(first, bits, bits ^ np.roll(bits, 1))
     val_stream = np.where(decimal_rows, _zigzag(int_delta), xor)
 
-    blobs = [
-        bytes((VERSION, int(scale[i])))
-        + zlib.compress(_shuffle(ts_stream[a:b]) + _shuffle(val_stream[a:b]), 1)
-        for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True))
-    ]
+    bounds = enumerate(zip(starts.tolist(), ends.tolist(), strict=True))
+    if version == VERSION:
+        blobs = [
+            bytes((VERSION, int(scale[i])))
+            + zlib.compress(_shuffle(ts_stream[a:b]) + _shuffle(val_stream[a:b]), 1)
+            for i, (a, b) in bounds
+        ]
+    else:
+        exact = np.where(decimal_rows, ints.view(np.uint64), values.view(np.uint64))
+        blobs = _blobs_v2(offsets, delta, dod, starts, scale, val_stream, exact)
     return EncodedSegments(
         blobs=blobs,
         count=lengths,
@@ -138,18 +166,23 @@ def encode_segments(
     )
 
 
-def encode(chunk_start_ms: int, ts_ms: np.ndarray, values: np.ndarray) -> bytes:
+def encode(
+    chunk_start_ms: int, ts_ms: np.ndarray, values: np.ndarray, version: int = VERSION_PCO
+) -> bytes:
     """Encode one segment (sorted by time)."""
     return encode_segments(
         np.array([chunk_start_ms]),
         ts_ms.astype(np.int64),
         values.astype(np.float64),
         np.array([0]),
+        version,
     ).blobs[0]
 
 
 def decode(blob: bytes, chunk_start_ms: int) -> tuple[np.ndarray, np.ndarray]:
-    """Timestamps (ms, absolute) and values of one chunk."""
+    """Timestamps (ms, absolute) and values of one chunk, of either version."""
+    if len(blob) >= 4 and blob[0] == VERSION_PCO:
+        return _decode_v2(blob, chunk_start_ms)
     if len(blob) < 3 or blob[0] != VERSION:
         raise CorruptChunk(f"unknown chunk version {blob[:1]!r}")
     mode = blob[1]
@@ -162,11 +195,120 @@ def decode(blob: bytes, chunk_start_ms: int) -> tuple[np.ndarray, np.ndarray]:
     n = len(body) // 16
     dod = _unzigzag(_unshuffle(body[: 8 * n], n))
     ts = np.cumsum(np.cumsum(dod)) + chunk_start_ms
-    raw = _unshuffle(body[8 * n :], n)
+    return ts.astype(np.int64), _stream_values(_unshuffle(body[8 * n :], n), mode)
+
+
+def _stream_values(raw: np.ndarray, mode: int) -> np.ndarray:
+    """Values back from version 1's value stream (integer deltas or XORed bits)."""
     if mode == RAW_FLOAT:
-        values = np.bitwise_xor.accumulate(raw).view(np.float64)
-    elif mode <= MAX_SCALE:
-        values = np.cumsum(_unzigzag(raw)).astype(np.float64) / _POW10[mode]
+        return np.bitwise_xor.accumulate(raw).view(np.float64)
+    if mode <= MAX_SCALE:
+        return np.cumsum(_unzigzag(raw)).astype(np.float64) / _POW10[mode]
+    raise CorruptChunk(f"unknown value mode {mode}")
+
+
+# --- version 2 ---------------------------------------------------------------------------
+
+_PCO = ChunkConfig()
+_REGULAR, _PCO_VALUES = 1, 2
+_PCO_WORTH = 32  # pcodec's header alone takes about 25 bytes: smaller zlib bodies stay
+
+
+def _varints(*numbers: int) -> bytes:
+    out = bytearray()
+    for n in numbers:
+        while n >= 0x80:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        out.append(n)
+    return bytes(out)
+
+
+def _read_varints(blob: bytes, pos: int, count: int) -> tuple[list[int], int]:
+    numbers = []
+    for _ in range(count):
+        n = shift = 0
+        while True:
+            if pos >= len(blob) or shift > 63:
+                raise CorruptChunk("chunk ends inside a length")
+            byte = blob[pos]
+            pos += 1
+            n |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        numbers.append(n)
+    return numbers, pos
+
+
+def _blobs_v2(
+    offsets: np.ndarray,
+    delta: np.ndarray,
+    dod: np.ndarray,
+    starts: np.ndarray,
+    scale: np.ndarray,
+    stream: np.ndarray,
+    exact: np.ndarray,
+) -> list[bytes]:
+    """Version 2 blobs; which segments have regular timestamps is found for all at once."""
+    n = len(offsets)
+    ends = np.append(starts[1:], n)
+    lengths = ends - starts
+    within = np.arange(n) - np.repeat(starts, lengths)
+    irregular = np.logical_or.reduceat((within >= 2) & (dod != 0), starts)
+    step = np.where(lengths > 1, delta[np.minimum(starts + 1, n - 1)], 0)
+    irregular |= (offsets[starts] < 0) | (step < 0)
+    rows = zip(
+        starts.tolist(), ends.tolist(), irregular.tolist(), offsets[starts].tolist(),
+        step.tolist(), scale.tolist(), strict=True,
+    )  # fmt: skip
+    return [
+        _encode_v2(
+            None if bad else _varints(b - a, first, st), offsets[a:b], k, stream[a:b], exact[a:b]
+        )
+        for a, b, bad, first, st, k in rows
+    ]
+
+
+def _encode_v2(
+    head: bytes | None, offsets: np.ndarray, scale: int, stream: np.ndarray, exact: np.ndarray
+) -> bytes:
+    """One segment.  ``head`` holds regular timestamps (None: irregular, so pcodec them);
+    ``exact`` the scaled integers (or the float bits when raw) as uint64."""
+    flags = 0
+    if head is None:
+        packed = simple_compress(offsets, _PCO)
+        head = _varints(len(offsets), len(packed)) + packed
     else:
+        flags |= _REGULAR
+    body = zlib.compress(_shuffle(stream), 1)
+    if len(body) > _PCO_WORTH:
+        pco = simple_compress(exact.view(np.float64 if scale == RAW_FLOAT else np.int64), _PCO)
+        if len(pco) < len(body):
+            body, flags = pco, flags | _PCO_VALUES
+    return bytes((VERSION_PCO, scale, flags)) + head + body
+
+
+def _decode_v2(blob: bytes, chunk_start_ms: int) -> tuple[np.ndarray, np.ndarray]:
+    mode, flags = blob[1], blob[2]
+    if mode > MAX_SCALE and mode != RAW_FLOAT:
         raise CorruptChunk(f"unknown value mode {mode}")
-    return ts.astype(np.int64), values
+    try:
+        if flags & _REGULAR:
+            (n, first, step), pos = _read_varints(blob, 3, 3)
+            ts = first + step * np.arange(n, dtype=np.int64)
+        else:
+            (n, length), pos = _read_varints(blob, 3, 2)
+            ts = simple_decompress(blob[pos : pos + length]).astype(np.int64)
+            pos += length
+        if flags & _PCO_VALUES:
+            got = simple_decompress(blob[pos:])
+            values = got.astype(np.float64) / _POW10[mode] if mode != RAW_FLOAT else got
+        else:
+            raw = _unshuffle(zlib.decompress(blob[pos:]), n)
+            values = _stream_values(raw, mode)
+    except (RuntimeError, ValueError, zlib.error) as exc:
+        raise CorruptChunk(f"chunk body does not decode: {exc}") from None
+    if len(ts) != n or len(values) != n or values.dtype != np.float64:
+        raise CorruptChunk(f"chunk of {n} samples decodes to {len(ts)}/{len(values)}")
+    return ts + chunk_start_ms, values

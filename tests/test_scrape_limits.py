@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import sqlite3
 import time
 import tracemalloc
@@ -37,6 +38,13 @@ from tests.conftest import Clock, make_store
 from tests.test_collector import PageServer
 
 GOOD = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="h"} 40\n'
+
+
+def refreshing(body: Callable[[], str]) -> Callable[[], tuple[int, bytes]]:
+    """An exporter that refreshes at every scrape: the same series, a new reading each time
+    (an unchanged page is not stored again: collector/refresh.py)."""
+    n = itertools.count()
+    return lambda: (200, body().replace(" 40\n", f" {40 + next(n) % 2}\n").encode())
 
 
 def engine(
@@ -100,7 +108,8 @@ class Trickle(RawServer):
         with contextlib.suppress(Exception):
             await reader.readuntil(b"\r\n\r\n")
             if self.stage == "body":
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n")
+                # under the page limit (64 MiB): a longer one is refused from the head
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000\r\n\r\n")
             else:
                 writer.write(b"HTTP/1.1 200 OK\r\n")
             for i in range(10_000):
@@ -308,6 +317,7 @@ def test_a_huge_page_does_not_stall_the_event_loop(sqlite_store: Store, tmp_path
                 tick = asyncio.create_task(ticker())
                 started = time.perf_counter()
                 eng.state(target).translator.clear()  # every series new: the full parse
+                eng.state(target).page.digest = None  # the same page, but not skipped as unchanged
                 report = await eng.scrape(target, 1000)
                 took = time.perf_counter() - started
                 done.set()
@@ -346,7 +356,7 @@ def test_failing_inventory_keeps_the_samples(tmp_path: Path) -> None:
     store._clock = time.time
 
     async def run() -> list:
-        async with PageServer({"/metrics": lambda: (200, GOOD.encode())}) as server:
+        async with PageServer({"/metrics": refreshing(lambda: GOOD)}) as server:
             target = Target("dcgm", server.url("/metrics"), {"host": "h"}, 1.0, 30)
             eng = engine(store, [target], tmp_path, inventory_seconds=0.001)
             reports = []
@@ -458,7 +468,7 @@ def test_postgres_down_inventory_fails_samples_spool_and_land(
     page = {"body": GOOD}
 
     async def run() -> list:
-        async with PageServer({"/metrics": lambda: (200, page["body"].encode())}) as server:
+        async with PageServer({"/metrics": refreshing(lambda: page["body"])}) as server:
             target = Target("dcgm", server.url("/metrics"), {"host": "h"}, 1.0, 30)
             eng = engine(store, [target], tmp_path, inventory_seconds=0.001)
             t0 = int(time.time() * 1000) - 60_000
