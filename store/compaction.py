@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,21 @@ from hbmwatch.store.tiers import (
     read_watermark,
     write_watermark,
 )
+
+
+@dataclass(frozen=True)
+class _Minute:
+    """One head minute, compacted but not yet stored: its rows for each table."""
+
+    samples: int
+    chunks: list[tuple[Any, ...]]
+    merged: list[tuple[Any, ...]]
+    hours: list[tuple[Any, ...]]
+
+
+def _head_rows(conn: Any, lo: int) -> int:
+    count = "SELECT count(*) FROM samples_head WHERE ts >= :lo AND ts < :hi"
+    return int(conn.execute(text(count), {"lo": lo, "hi": lo + MINUTE_MS}).scalar_one())
 
 
 @guarded
@@ -63,25 +79,37 @@ class Compaction:
         target = floor(now - int(self.settings.compaction_grace_seconds * 1000), MINUTE_MS)
         minutes = samples = chunks = merged = 0
         while True:
-            with self._write_lock, self.engine.begin() as conn:
+            # The costly part (read, sort, encode) holds no lock, so collectors keep writing;
+            # the lock is taken to store the result, after checking no write landed in that
+            # minute meanwhile (a late sample): then the minute is prepared again under it.
+            with self.engine.connect() as conn:
                 oldest = conn.execute(text("SELECT min(ts) FROM samples_head")).scalar()
+                if oldest is not None and oldest < target:
+                    lo = floor(int(oldest), MINUTE_MS)
+                    watermark = read_watermark(conn)
+                    prepared = self._prepare_minute(conn, lo, watermark)
+            with self._write_lock, self.engine.begin() as conn:
                 if oldest is None or oldest >= target:
                     # Every minute before the target is now complete in the tiers.
                     if read_watermark(conn) < target:
                         write_watermark(conn, target)
                         self._watermark_read_at = -math.inf
                     break
-                lo = floor(int(oldest), MINUTE_MS)
-                watermark = read_watermark(conn)
-                n, c, m = self._compact_minute(conn, lo, watermark)
+                if read_watermark(conn) != watermark or _head_rows(conn, lo) != prepared.samples:
+                    watermark = read_watermark(conn)
+                    prepared = self._prepare_minute(conn, lo, watermark)
+                self._apply_minute(conn, lo, prepared)
                 if lo + MINUTE_MS > watermark:
                     write_watermark(conn, lo + MINUTE_MS)
                     self._watermark_read_at = -math.inf
-            minutes, samples, chunks, merged = minutes + 1, samples + n, chunks + c, merged + m
+            m = len(prepared.merged)
+            minutes, samples = minutes + 1, samples + prepared.samples
+            chunks, merged = chunks + len(prepared.chunks) + m, merged + m
         self.metrics.compacted.inc(samples)
         return CompactionReport(minutes, samples, chunks, merged)
 
-    def _compact_minute(self, conn: Any, lo: int, watermark: int) -> tuple[int, int, int]:
+    def _prepare_minute(self, conn: Any, lo: int, watermark: int) -> _Minute:
+        """The chunk, merge and rollup rows of the head's minute starting at ``lo``."""
         raw = conn.connection.driver_connection
         cur = raw.cursor()
         placeholder = "?" if self.backend.name == "sqlite" else "%s"
@@ -135,8 +163,6 @@ class Compaction:
                 )
                 chunk_rows.append((int(seg_sid[i]), lo, *stats, enc.blobs[j], int(last_ts[j])))
                 hour_rows.append((int(seg_sid[i]), hour, *stats, int(last_ts[j])))
-        self.backend.write_chunks(conn, chunk_rows, replace=False)
-
         merged_rows: list[tuple[Any, ...]] = []
         for i, s in enumerate(seg_sid.tolist()):
             if s in existing:
@@ -146,13 +172,17 @@ class Compaction:
                 if merged is not None:
                     merged_rows.append((s, lo, *merged[0]))
                     hour_rows.append((s, hour, *merged[1]))
-        self.backend.write_chunks(conn, merged_rows, replace=True)
-        self.backend.merge_rollup_1h(conn, hour_rows)
+        return _Minute(len(ts), chunk_rows, merged_rows, hour_rows)
+
+    def _apply_minute(self, conn: Any, lo: int, minute: _Minute) -> None:
+        """Store a prepared minute and take its samples out of the head."""
+        self.backend.write_chunks(conn, minute.chunks, replace=False)
+        self.backend.write_chunks(conn, minute.merged, replace=True)
+        self.backend.merge_rollup_1h(conn, minute.hours)
         conn.execute(
             text("DELETE FROM samples_head WHERE ts >= :lo AND ts < :hi"),
             {"lo": lo, "hi": lo + MINUTE_MS},
         )
-        return len(ts), len(chunk_rows) + len(merged_rows), len(merged_rows)
 
     @staticmethod
     def _merge_late(

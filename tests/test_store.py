@@ -182,6 +182,30 @@ def test_out_of_order_and_late_samples_merge_after_compaction(store: Store) -> N
     assert sum(v for _, v in hour) == 5
 
 
+def test_a_write_landing_while_its_minute_is_encoded_is_kept(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compaction encodes a minute without the write lock; a sample written into that
+    minute meanwhile (a late one) makes it encode the minute again, under the lock."""
+    key = power()
+    store.write(temps(key, T0, [1.0, 2.0, 3.0]))
+    prepare = store._prepare_minute
+    calls = []
+
+    def racing(conn, lo, watermark):  # type: ignore[no-untyped-def]
+        prepared = prepare(conn, lo, watermark)
+        if not calls:  # the first, unlocked pass: a collector writes into the minute now
+            assert store.write([Sample(key, T0 + 30_000, 30.0)]).accepted == 1
+        calls.append(prepared.samples)
+        return prepared
+
+    monkeypatch.setattr(store, "_prepare_minute", racing)
+    report = store.compact()
+    assert calls == [3, 4] and report.samples == 4
+    got = points(store, "gpu_power_watts", T0 / 1000, T0 / 1000 + 60, 1)
+    assert [v for _, v in got] == [1.0, 2.0, 3.0, 30.0]
+
+
 def test_rollup_tiers_match_raw_arithmetic(store: Store, clock: Clock) -> None:
     rng = np.random.default_rng(7)
     key = power()
