@@ -9,6 +9,7 @@ series registry is measured in a real store and spread over a day of 1 s samples
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from typing import Any
 import numpy as np
 
 from hbmwatch.bench.benchmarks import TelemetryShape, _migrated_store, machine
+from hbmwatch.bench.engines import EngineUnavailable
+from hbmwatch.bench.realprom import SeriesSamples, create_blocks
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.store import codec
 from hbmwatch.store.bench import bytes_at_rest, chunk_rows_bytes
@@ -155,8 +158,28 @@ def registry_bytes_per_series(keys: list[SeriesKey], workdir: Path) -> float:
     return sizes["series"] / len(keys)
 
 
+def prometheus_block(data: Dataset, workdir: Path) -> dict[str, Any]:
+    """The baseline: the same samples as a Prometheus block (``promtool tsdb
+    create-blocks-from openmetrics``), its files (chunks, index) per sample."""
+    bounds = np.flatnonzero(np.r_[True, data.sid[1:] != data.sid[:-1], True])
+    series = [
+        SeriesSamples(data.keys[int(data.sid[a])], data.ts[a:b], data.values[a:b])
+        for a, b in itertools.pairwise(bounds.tolist())
+    ]
+    try:
+        tsdb = create_blocks(series, workdir / f"prometheus-{data.name}")
+    except EngineUnavailable as exc:
+        return {"skipped": str(exc)}
+    files = [p for p in tsdb.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    index = sum(p.stat().st_size for p in files if p.name == "index")
+    return {"bytes_per_sample": size / data.samples,
+            "chunk_bytes_per_sample": (size - index) / data.samples,
+            "index_bytes_per_series": index / len(series)}  # fmt: skip
+
+
 def measure(data: Dataset, workdir: Path) -> dict[str, Any]:
-    """Every codec at every chunk length on one dataset."""
+    """Every codec at every chunk length on one dataset, and Prometheus' block of it."""
     per_series = registry_bytes_per_series(data.keys, workdir)
     report: dict[str, Any] = {
         "series": len(data.keys),
@@ -177,6 +200,7 @@ def measure(data: Dataset, workdir: Path) -> dict[str, Any]:
                 got["rows_with_stats_bytes_per_sample"] + report["registry_bytes_per_sample_day"]
             )
             report["variants"][f"{codec_name}, per {span_name}"] = got
+    report["prometheus_block"] = prometheus_block(data, workdir)
     return report
 
 

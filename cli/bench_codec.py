@@ -49,3 +49,12 @@ def _print_codec_report(name: str, r: dict) -> None:  # type: ignore[type-arg]
     for variant, got in r["variants"].items():
         table.add_row(variant, *(f"{got[key]:.2f}" for key in columns.values()))
     Console(width=140).print(table)
+    block = r.get("prometheus_block", {})
+    if "bytes_per_sample" in block:
+        Console(stderr=True).print(
+            f"baseline, the same samples as a Prometheus block (promtool): "
+            f"{block['bytes_per_sample']:.2f} B a sample ({block['chunk_bytes_per_sample']:.2f} "
+            f"chunks, index {block['index_bytes_per_series']:.0f} B a series)"
+        )
+    elif "skipped" in block:
+        Console(stderr=True).print(f"no Prometheus baseline: {block['skipped']}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,3 +30,5 @@ def test_bench_codec_reports_every_variant(tmp_path: Path) -> None:
     assert telemetry["samples"] == telemetry["series"] * 120
     assert telemetry["variants"]["pcodec (v2), per minute"]["chunks"] == telemetry["series"] * 2
     assert "pcodec (v2), per hour" in done.stdout
+    if shutil.which("promtool"):  # the baseline: the same samples as a Prometheus block
+        assert telemetry["prometheus_block"]["bytes_per_sample"] > 0
