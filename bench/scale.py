@@ -83,15 +83,23 @@ def fleet_toml(gpus: int) -> str:
 
 @contextmanager
 def simulated_fleet(
-    folder: Path, gpus: int, *, toml: str | None = None, speed: float = FLEET_SPEED
+    folder: Path,
+    gpus: int,
+    *,
+    toml: str | None = None,
+    speed: float = FLEET_SPEED,
+    exporter_refresh_s: float = 0.0,
 ) -> Iterator[tuple[int, list[dict[str, Any]]]]:
     """The fleet's process and its targets ({kind, url, labels}); ``toml`` is the scenario
-    (``fleet_toml(gpus)`` when None)."""
+    (``fleet_toml(gpus)`` when None); ``exporter_refresh_s`` > 0: node exporters' pages
+    change only that often (dcgm-exporter's default is 30 s)."""
     (folder / "fleet.toml").write_text(toml or fleet_toml(gpus))
     targets_file = folder / "targets.json"
     argv = [sys.executable, "-m", "hbmwatch.cli", "sim", str(folder / "fleet.toml"),
             "--port", "0", "--speed", str(speed), "--targets", str(targets_file),
             "--truth", str(folder / "truth.json")]  # fmt: skip
+    if exporter_refresh_s:
+        argv += ["--exporter-refresh", f"{exporter_refresh_s:g}"]
     with (folder / "sim.log").open("w") as log_file:
         sim = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT)
     try:

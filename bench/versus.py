@@ -71,6 +71,7 @@ class VersusSpec:
     seconds: float = 60.0
     interval_s: float = 1.0
     warmup_s: float = 15.0
+    exporter_refresh_s: float = 0.0  # > 0: node exporters' pages change only this often
 
 
 def inference_fleet_toml(gpus: int) -> str:
@@ -292,12 +293,15 @@ def bench_versus(spec: VersusSpec, *, workdir: Path | None = None,
     """Phases H and P over one fleet (module doc); no Prometheus skips P, saying why."""
     report: dict[str, Any] = {"machine": machine(), "gpus": spec.gpus, "seconds": spec.seconds,
                               "interval_s": spec.interval_s, "warmup_s": spec.warmup_s,
+                              "exporter_refresh_s": spec.exporter_refresh_s,
                               "phases": {}, "skipped": []}  # fmt: skip
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         folder = Path(tmp)
         progress("starting the simulated fleet", 0, 1)
         toml = inference_fleet_toml(spec.gpus)
-        with simulated_fleet(folder, spec.gpus, toml=toml, speed=1.0) as (fleet_pid, targets):
+        fleet = simulated_fleet(folder, spec.gpus, toml=toml, speed=1.0,
+                                exporter_refresh_s=spec.exporter_refresh_s)  # fmt: skip
+        with fleet as (fleet_pid, targets):
             progress("starting the simulated fleet", 1, 1)
             report["targets"] = len(targets)
             fleet_before = cpu_seconds(fleet_pid)

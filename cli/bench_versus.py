@@ -21,6 +21,12 @@ def bench_versus(
     warmup: Annotated[
         float, typer.Option(min=0, help="Seconds each phase runs before its span is measured.")
     ] = 15.0,
+    exporter_refresh: Annotated[
+        float,
+        typer.Option(
+            min=0, max=3600, help="Node exporters' pages change only this often, s (0: each s)."
+        ),
+    ] = 0.0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
 ) -> None:
     """CPU-s per 1M samples, 1 s rounds kept, scrape p50/p99, bytes per sample at rest and a
@@ -36,11 +42,13 @@ def bench_versus(
         )
         raise typer.Exit(2)
     log.configure("warning")
-    spec = VersusSpec(gpus=gpus, seconds=seconds, interval_s=interval, warmup_s=warmup)
+    spec = VersusSpec(gpus=gpus, seconds=seconds, interval_s=interval, warmup_s=warmup,
+                      exporter_refresh_s=exporter_refresh)  # fmt: skip
     console.print(
         f"[bold]hbmwatch bench versus[/bold] on {benchmarks.machine()}: {gpus} GPUs with an "
         f"inference page each at {interval:g} s; two phases of {warmup:g} s warm-up + "
         f"{seconds:g} s measured"
+        + (f"; node exporters refresh every {exporter_refresh:g} s" if exporter_refresh else "")
     )
     with staged_progress() as progress:
         report = run_bench(spec, progress=progress)
@@ -51,7 +59,13 @@ def bench_versus(
 def print_report(report: dict[str, Any]) -> None:
     table = Table(
         title=f"hbmwatch bench versus ({report['gpus']} GPUs, {report['targets']} targets at "
-        f"{report['interval_s']:g} s, {report['seconds']:g} s measured a phase)"
+        f"{report['interval_s']:g} s, {report['seconds']:g} s measured a phase"
+        + (
+            f", exporters refresh every {refresh:g} s"
+            if (refresh := report.get("exporter_refresh_s"))
+            else ""
+        )
+        + ")"
     )
     columns = ("system", "samples stored", "cores", "CPU-s / 1M stored", "CPU-s / 1M page",
                "rounds kept", "scrape p50 ms", "p99 ms", "bytes/sample", "with a day",

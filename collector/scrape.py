@@ -169,7 +169,8 @@ async def collect(
     async with Deadline(target.timeout_seconds):
         body = await client.get(url, settings.max_page_bytes, params)
     text = decode(body)
-    if target.kind in SKIPS_UNCHANGED and state.page.same(text, ts_ms, state.up is True):
+    skips = settings.skip_unchanged_pages and target.kind in SKIPS_UNCHANGED
+    if skips and state.page.same(text, ts_ms, state.up is True):
         return Collected(devices=state.page.devices)  # not refreshed: nothing new to store
     if len(text) < OFFLOAD_BYTES:
         return translate(state, text, ts_ms, settings)

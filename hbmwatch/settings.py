@@ -263,6 +263,11 @@ class CollectorSettings(_Section):
         0.25, gt=0, le=60, description="Longest a sample waits to be written."
     )
     flush_samples: int = Field(20_000, gt=0)
+    skip_unchanged_pages: bool = Field(
+        True,
+        description="A dcgm or dme page identical to the target's last one is not parsed or "
+        "stored again; its refresh goes in hbmwatch_target_refresh_seconds (docs/collector.md).",
+    )
     inventory_seconds: float = Field(60.0, gt=0)
     shard: str | None = Field(
         None,

@@ -160,7 +160,7 @@ def test_a_30s_exporter_stores_a_thirtieth_and_records_its_refresh() -> None:
 
 
 async def scrape_pages(
-    kind: str, pages: list[str | None], every_s: float = 1.0
+    kind: str, pages: list[str | None], every_s: float = 1.0, *, skip: bool = True
 ) -> tuple[list[int], list[Sample]]:
     """Scrape a target serving ``pages`` in turn (None: HTTP 500); samples per scrape."""
     served = iter(pages)
@@ -169,7 +169,7 @@ async def scrape_pages(
         page = next(served)
         return httpx.Response(500) if page is None else httpx.Response(200, text=page)
 
-    settings = CollectorSettings()
+    settings = CollectorSettings(skip_unchanged_pages=skip)
     labels = {"cluster": "c0", "rack": "r1", "host": "r1-node0"}
     if kind == "vllm":
         labels.update(gpu="0", service="svc")
@@ -205,6 +205,13 @@ def test_an_unchanged_page_is_skipped_but_not_after_a_failure() -> None:
     samples = [s for s in written if s.series.metric == "hbmwatch_scrape_samples"]
     assert [s.value for s in samples] == [c for c in counts if c >= 0]
     assert [s.value for s in written if s.series.metric == REFRESH] == [1.0, 2.0, 1.0, 2.0]
+
+
+def test_with_skipping_off_every_page_is_stored() -> None:
+    a = dcgm_page(1)
+    counts, written = asyncio.run(scrape_pages("dcgm", [a, a, None, a], skip=False))
+    assert counts[0] > 100 and counts == [counts[0], counts[0], -1, counts[0]]
+    assert not [s for s in written if s.series.metric == REFRESH]
 
 
 def test_unchanged_pages_still_show_their_devices_to_the_inventory() -> None:
