@@ -66,16 +66,21 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def fleet_toml(gpus: int) -> str:
-    """``gpus`` (a multiple of 8) on racks of up to 8 nodes of 8 GPUs, four SKUs, a training
-    job a rack: the shape ``bench collect`` scrapes (exporter pages of 8 GPUs each, one
-    step-time page a job), not a vLLM page per GPU."""
+def racks_of(gpus: int) -> list[dict[str, Any]]:
+    """``gpus`` (a multiple of 8) on racks of up to 8 nodes of 8 GPUs, four SKUs in turn."""
     skus = ("MI300X", "H200", "MI355X", "H100")
     nodes, racks = gpus // 8, []
     while nodes > 0:
         racks.append({"name": f"r{len(racks)}", "nodes": min(8, nodes),
                       "sku": skus[len(racks) % 4]})  # fmt: skip
         nodes -= 8
+    return racks
+
+
+def fleet_toml(gpus: int) -> str:
+    """``racks_of(gpus)`` with a training job a rack: the shape ``bench collect`` scrapes
+    (exporter pages of 8 GPUs each, one step-time page a job), not a vLLM page per GPU."""
+    racks = racks_of(gpus)
     jobs = [{"name": f"job{r['name']}", "racks": [r["name"]]} for r in racks]
     return _scenario_toml({"name": "scale", "duration": "24h", "seed": 3, "racks": racks,
                            "workload": {"training": jobs}})  # fmt: skip

@@ -45,6 +45,7 @@ from hbmwatch.bench.scale import (
     cpu_seconds,
     prometheus_config,
     query,
+    racks_of,
     simulated_fleet,
     stopped_totals,
     wait_for,
@@ -75,13 +76,8 @@ class VersusSpec:
 
 
 def inference_fleet_toml(gpus: int) -> str:
-    """Racks of up to 8 nodes of 8 GPUs, four SKUs, one vLLM service a GPU (no training)."""
-    skus = ("MI300X", "H200", "MI355X", "H100")
-    nodes, racks = gpus // 8, []
-    while nodes > 0:
-        racks.append({"name": f"r{len(racks)}", "nodes": min(8, nodes),
-                      "sku": skus[len(racks) % 4]})  # fmt: skip
-        nodes -= 8
+    """``racks_of(gpus)`` with no training job: one vLLM service (and page) a GPU."""
+    racks = racks_of(gpus)
     return _scenario_toml({"name": "versus", "duration": "24h", "seed": 5, "racks": racks})
 
 
