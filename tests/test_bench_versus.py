@@ -21,6 +21,8 @@ def require_prometheus() -> None:
         pytest.skip(message)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # four processes and promtool, a minute on two idle cores
 def test_tiny_fleet_both_systems_measured_on_the_same_pages(tmp_path: Path) -> None:
     require_prometheus()
     report = bench_versus(VersusSpec(gpus=8, seconds=4, warmup_s=3), workdir=tmp_path)
