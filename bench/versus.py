@@ -134,7 +134,7 @@ def hbmwatch_phase(folder: Path, spec: VersusSpec, targets: Path, progress: Prog
     with (folder / "collect.log").open("w") as log_file:
         collector = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log_file)
     try:
-        wait_for(lambda: _stored(url) > 0, "hbmwatch's first samples")
+        wait_for(lambda: _any_stored(url), "hbmwatch's first samples")
         start, end, cpu = _window(spec, collector.pid, progress, "H  hbmwatch")
     finally:
         collector.terminate()
@@ -144,22 +144,22 @@ def hbmwatch_phase(folder: Path, spec: VersusSpec, targets: Path, progress: Prog
              "written": int(totals["written"]) + int(totals["replayed"]),
              "spooled": int(totals["spooled"])}  # fmt: skip
     phase.update(_hbmwatch_reads(url, start, end, spec))
-    phase.update(_hbmwatch_bytes(url, end, folder))
+    phase.update(_hbmwatch_bytes(url, start, end, folder))
     phase["range_query"] = _serve_query(config, port, start, end, folder)
     return phase
 
 
-def _stored(url: str, lo_ms: int = 0, hi_ms: int = 2**62) -> int:
-    """Samples the store holds in ``[lo_ms, hi_ms)``, compacted or not."""
+def _any_stored(url: str) -> bool:
+    """Whether the store holds a sample yet (stops at the first series that has one)."""
     store = open_store(StoreSettings(url=url))
     try:
-        return sum(len(s.timestamps_ms) for s in dump_store(store, lo_ms, hi_ms))
+        return next(iter(dump_store(store)), None) is not None
     finally:
         store.close()
 
 
 def _hbmwatch_reads(url: str, start: float, end: float, spec: VersusSpec) -> dict[str, Any]:
-    """Samples stored in the window, rounds kept and scrape durations, from its own series."""
+    """Rounds kept and scrape durations in the window, from its own series."""
     lo, hi = int(start * 1000), int(end * 1000)
     store = open_store(
         StoreSettings(url=url, max_points_per_query=10**9, max_series_per_query=10**6)
@@ -172,7 +172,7 @@ def _hbmwatch_reads(url: str, start: float, end: float, spec: VersusSpec) -> dic
     rounds = (end - start) / spec.interval_s
     kept = [len(times) / rounds for _, times, _, _ in ups]
     values = [float(v) for _, _, vals, _ in durations for v in vals]
-    return {"samples": _stored(url, lo, hi), "targets": len(ups),
+    return {"targets": len(ups),
             "rounds_kept": float(np.mean(kept)) if kept else 0.0,
             "scrape": _quantiles(values)}  # fmt: skip
 
@@ -181,7 +181,7 @@ def _named(metric: str) -> list[Matcher]:
     return [Matcher("__name__", MatchOp.EQ, metric)]
 
 
-def _hbmwatch_bytes(url: str, end: float, folder: Path) -> dict[str, Any]:
+def _hbmwatch_bytes(url: str, start: float, end: float, folder: Path) -> dict[str, Any]:
     """Every closed minute compacted (a clock an hour on), then the file weighed; and the
     very same samples as a Prometheus block (``promtool tsdb create-blocks-from``)."""
     store = open_store(StoreSettings(url=url), clock=lambda: end + 3600)
@@ -193,12 +193,14 @@ def _hbmwatch_bytes(url: str, end: float, folder: Path) -> dict[str, Any]:
     finally:
         store.close()
     total = sum(len(s.timestamps_ms) for s in every)
+    lo, hi = int(start * 1000), int(end * 1000)  # the samples stored in the measured window
+    window = sum(int(((s.timestamps_ms >= lo) & (s.timestamps_ms < hi)).sum()) for s in every)
     first = min(int(s.timestamps_ms[0]) for s in every)
     last = max(int(s.timestamps_ms[-1]) for s in every)
     samples_only = sum(v for k, v in sizes.items() if k.startswith(("samples_", "rollup")))
     registry = sum(sizes.values()) - samples_only
     span_s = max(1.0, (last - first) / 1000)
-    return {"stored_total": total, "bytes": sizes,
+    return {"samples": window, "stored_total": total, "bytes": sizes,
             "bytes_per_sample": sum(sizes.values()) / total,
             "sample_bytes_per_sample": samples_only / total,
             # a day of samples per series carries the same registry: its share shrinks
