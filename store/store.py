@@ -36,6 +36,7 @@ from hbmwatch.store.feed import RecentSamples
 from hbmwatch.store.findings import FindingLog
 from hbmwatch.store.guard import StoreUnavailable as StoreUnavailable  # re-exported for callers
 from hbmwatch.store.guard import guard, guarded
+from hbmwatch.store.head import NewestWritten
 from hbmwatch.store.models import Device as DeviceRow
 from hbmwatch.store.models import StoreState
 from hbmwatch.store.queries import MAX_POINTS_PER_SERIES as MAX_POINTS_PER_SERIES
@@ -90,6 +91,7 @@ class Store(Writing, Compaction, Watching, Queries):
         self._watermark = 0
         self._watermark_read_at = -math.inf
         self._watched_metrics: frozenset[str] = frozenset()
+        self._newest_written = NewestWritten()
         self._wants: Callable[[SeriesKey], bool] | None = None
         self.feed = RecentSamples(settings.recent_samples, self._is_watched)
         self.findings = FindingLog(engine)

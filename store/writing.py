@@ -10,7 +10,11 @@ the ``WriteResult``; nothing already accepted is lost.
   (``future``).  Older than raw retention: rejected (``too_old``).
 * Out-of-order samples inside retention: accepted; a minute already compacted is merged.
 * Duplicates (same series and timestamp): ignored, so a retried write never duplicates; the
-  first value written wins, as in Prometheus.
+  first value written wins, as in Prometheus.  A sample newer than the newest this process
+  wrote of its series is taken without a lookup; an older one is looked up in the head
+  batches of its minute and, below the compaction watermark, in the chunks.  Across two
+  processes writing one series both may count a sample as accepted; readers and compaction
+  still keep only the first written (store/head.py).
 * A negative value of a counter: rejected (``negative_counter``).
 * Unknown metric names, undeclared labels or values: rejected (``unknown_metric``,
   ``invalid_labels``).  A new series past a cardinality cap: rejected (``cardinality``).
@@ -25,11 +29,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from sqlalchemy import Engine, text
 
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.settings import StoreSettings
-from hbmwatch.store import codec
+from hbmwatch.store import codec, head
 from hbmwatch.store.backend import DAY_MS, Backend
 from hbmwatch.store.feed import RecentSamples
 from hbmwatch.store.guard import guarded
@@ -61,8 +66,8 @@ class Writing:
     Relies on: ``engine``, ``settings``, ``backend``, ``series_registry``, ``metrics``,
     ``feed``, ``now_ms``; the lock ``_write_lock`` (shared with compaction), the cache of
     prepared ``_partition_days``, the cached watermark (``_watermark``,
-    ``_watermark_read_at``; compaction clears the latter) and ``_watched_metrics`` (the feed
-    is fed only while something is watched).
+    ``_watermark_read_at``; compaction clears the latter), ``_watched_metrics`` (the feed
+    is fed only while something is watched) and ``_newest_written`` (store/head.py).
     """
 
     engine: Engine
@@ -77,6 +82,7 @@ class Writing:
     _watermark: int
     _watermark_read_at: float
     _watched_metrics: frozenset[str]
+    _newest_written: head.NewestWritten
 
     def resolve(self, keys: Iterable[SeriesKey]) -> dict[SeriesKey, int | HbmwatchError]:
         """Series ids for ``keys``, registering new series; a key that fails maps to its error.
@@ -136,13 +142,39 @@ class Writing:
                 with self._write_lock:
                     with self.engine.begin() as conn:
                         fresh = self._drop_compacted_duplicates(conn, rows)
-                        inserted = self.backend.insert_head(conn, fresh) if fresh else 0
-                    if self._watched_metrics:
-                        self.feed.append(fresh)
-            result.accepted = inserted
-            result.duplicates = len(rows) - inserted
+                        stored = self._insert_head(conn, fresh) if fresh else None
+                    if stored is not None and self._watched_metrics:
+                        self.feed.append_columns(*stored)
+            result.accepted = len(stored[0]) if stored is not None else 0
+            result.duplicates = len(rows) - result.accepted
         self._count(result)
         return result
+
+    def _insert_head(
+        self, conn: Any, rows: list[tuple[int, int, float]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Store the rows not in the head yet (the first of any repeated in ``rows``); return
+        them as columns (times, series ids, values), or None when none was new."""
+        table = np.array(rows, dtype=np.float64)  # ms times and ids are exact (< 2**53)
+        ts, sids, values = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64), table[:, 2]
+        newest = self._newest_written
+        if not newest.loaded:
+            newest.load(conn, self._cached_watermark(conn))
+        unique = int(np.bincount(sids).max()) <= 1  # each series once: no repeats in rows
+        keep = np.ones(len(ts), dtype=bool)
+        if not unique:
+            keep[:] = False
+            keep[head.first_written(ts, sids)] = True
+        suspect = np.flatnonzero(keep & (ts <= newest.of(sids)))
+        if len(suspect):
+            keep[suspect[head.already_stored(conn, ts[suspect], sids[suspect])]] = False
+        if not keep.all():
+            if not keep.any():
+                return None
+            ts, sids, values = ts[keep], sids[keep], values[keep]
+        self.backend.insert_head(conn, head.batch_rows(ts, sids, values))
+        newest.update(ts, sids, unique)
+        return ts, sids, values
 
     def _bounds(self) -> tuple[int, int]:
         now = self.now_ms()
