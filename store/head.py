@@ -1,10 +1,11 @@
 """The head: samples not compacted yet, one row per write batch and minute.
 
 A write splits its accepted samples by minute and stores each minute's as one
-``samples_head_batch`` row of three raw little-endian arrays (int64 ms, int64 series ids,
-float64 values; no compression, the head lives minutes).  One INSERT of a few blobs per
-write replaces one B-tree insert per sample (about 3 us each), and compaction reads and
-deletes a minute as a few rows.
+``samples_head_batch`` row of three raw little-endian arrays: uint16 milliseconds after
+``minute_ms``, uint32 series ids (int64 when one is past 2**32: the blob's length over
+``n`` tells) and float64 values, 14 bytes a sample with no compression (the head lives
+minutes).  One INSERT of a few blobs per write replaces one B-tree insert per sample
+(about 3 us each), and compaction reads and deletes a minute as a few rows.
 
 Duplicates: the first value written for (series, ts) wins.  The writer knows the newest
 time it wrote of each series (``NewestWritten``); a sample after it cannot be in the head
@@ -26,7 +27,7 @@ from hbmwatch.store.backend import HeadBatchRow
 from hbmwatch.store.tiers import MINUTE_MS
 
 _EMPTY_I = np.zeros(0, np.int64)
-_I8, _F8 = np.dtype("<i8"), np.dtype("<f8")
+_U2, _U4, _I8, _F8 = np.dtype("<u2"), np.dtype("<u4"), np.dtype("<i8"), np.dtype("<f8")
 
 
 def batch_rows(ts: np.ndarray, sids: np.ndarray, values: np.ndarray) -> list[HeadBatchRow]:
@@ -43,13 +44,22 @@ def batch_rows(ts: np.ndarray, sids: np.ndarray, values: np.ndarray) -> list[Hea
 
 
 def _row(minute: int, ts: np.ndarray, sids: np.ndarray, values: np.ndarray) -> HeadBatchRow:
+    wide = int(sids.max()) > 0xFFFF_FFFF
     return (
         minute,
         len(ts),
-        ts.astype(_I8, copy=False).tobytes(),
-        sids.astype(_I8, copy=False).tobytes(),
+        (ts - minute).astype(_U2).tobytes(),
+        sids.astype(_I8 if wide else _U4).tobytes(),
         values.astype(_F8, copy=False).tobytes(),
     )
+
+
+def _times(minute: int, blob: bytes) -> np.ndarray:
+    return np.frombuffer(blob, _U2).astype(np.int64) + minute
+
+
+def _ids(n: int, blob: bytes) -> np.ndarray:
+    return np.frombuffer(blob, _U4 if len(blob) == 4 * n else _I8).astype(np.int64)
 
 
 def read(
@@ -58,7 +68,7 @@ def read(
     """Head samples with ``lo <= ts < hi`` (of series ``ids``, if given) as times, series ids
     and values (empty unless ``values``), deduped first-written-wins and sorted by series
     then time (unless not ``dedupe``: then in storage order)."""
-    columns = "ts, series_id, value" if values else "ts, series_id"
+    columns = "minute_ms, n, ts, series_id" + (", value" if values else "")
     cur = conn.connection.driver_connection.cursor()  # plain tuples of bytes
     try:
         cur.execute(  # every interpolated value is an int
@@ -70,9 +80,9 @@ def read(
         cur.close()
     if not fetched:
         return _EMPTY_I, _EMPTY_I, np.zeros(0)
-    ts = np.concatenate([np.frombuffer(r[0], _I8) for r in fetched])
-    sids = np.concatenate([np.frombuffer(r[1], _I8) for r in fetched])
-    vals = np.concatenate([np.frombuffer(r[2], _F8) for r in fetched]) if values else None
+    ts = np.concatenate([_times(r[0], r[2]) for r in fetched])
+    sids = np.concatenate([_ids(r[1], r[3]) for r in fetched])
+    vals = np.concatenate([np.frombuffer(r[4], _F8) for r in fetched]) if values else None
     keep = (ts >= lo) & (ts < hi)
     if ids is not None:
         keep &= np.isin(sids, np.asarray(ids, dtype=np.int64))

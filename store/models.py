@@ -3,9 +3,10 @@
 Samples live in two places:
 
 * ``samples_head_batch``: the newest minutes, one row per write batch and minute: the
-  batch's samples of that minute as three raw little-endian arrays (``ts`` int64 ms,
-  ``series_id`` int64, ``value`` float64), ``seq`` in write order.  One row per batch
-  instead of one per sample makes a write one INSERT of a few blobs (store/head.py).
+  batch's ``n`` samples of that minute as three raw little-endian arrays (``ts`` uint16 ms
+  after ``minute_ms``, ``series_id`` uint32 or int64, ``value`` float64), ``seq`` in write
+  order.  One row per batch instead of one per sample makes a write one INSERT of a few
+  blobs (store/head.py).
 * ``samples_chunk``: one row per series and closed minute, holding the minute's statistics
   (count, min, max, sum, last) -- the 1-minute rollup tier -- and the compressed raw samples
   (``data``, set to NULL when raw retention ends).  On PostgreSQL it is partitioned by day.

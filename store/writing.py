@@ -76,7 +76,8 @@ class Writing:
     ``feed``, ``now_ms``; the lock ``_write_lock`` (shared with compaction), the cache of
     prepared ``_partition_days``, the cached watermark (``_watermark``,
     ``_watermark_read_at``; compaction clears the latter), ``_watched_metrics`` (the feed
-    is fed only while something is watched) and ``_newest_written`` (store/head.py).
+    is fed only while something is watched), ``_newest_written`` (store/head.py) and
+    ``_known_mask`` (the resolved ids, as of a registry size).
     """
 
     engine: Engine
@@ -92,6 +93,7 @@ class Writing:
     _watermark_read_at: float
     _watched_metrics: frozenset[str]
     _newest_written: head.NewestWritten
+    _known_mask: tuple[int, np.ndarray]
 
     def resolve(self, keys: Iterable[SeriesKey]) -> dict[SeriesKey, int | HbmwatchError]:
         """Series ids for ``keys``, registering new series; a key that fails maps to its error.
@@ -118,15 +120,35 @@ class Writing:
     def write_rows(self, rows: Sequence[tuple[int, int, float]]) -> WriteResult:
         """Store ``(timestamp_ms, series_id, value)`` rows whose ids came from ``resolve``."""
         result = WriteResult(received=len(rows))
-        known = self.series_registry.keys
-        if not known.keys() >= set(map(_SID_OF_ROW, rows)):
+        table = _columns(rows)
+        if not self._all_known(table[:, 1]):
+            known = self.series_registry.keys
             rows = [
                 r
                 for r in rows
                 if r[1] in known
                 or result.reject("unknown_series", f"series id {r[1]} was never resolved here")
             ]
-        return self._store_rows(rows, result)
+            table = _columns(rows)
+        return self._store_rows(rows, result, table)
+
+    def _all_known(self, sids: np.ndarray) -> bool:
+        """Whether every id was resolved here: one mask lookup, not a set of the batch."""
+        known = self.series_registry.keys
+        if self._known_mask[0] != len(known):
+            ids = np.fromiter(known, np.int64, len(known))
+            mask = np.zeros(int(ids.max()) + 1 if len(ids) else 0, dtype=bool)
+            mask[ids] = True
+            self._known_mask = (len(known), mask)
+        mask = self._known_mask[1]
+        if not len(sids):
+            return True
+        return bool(
+            sids.min() >= 0
+            and sids.max() < len(mask)
+            and (sids == np.floor(sids)).all()
+            and mask[sids.astype(np.int64)].all()
+        )
 
     def _rows_registering(
         self, batch: list[Sample], result: WriteResult
@@ -143,8 +165,13 @@ class Writing:
                 result.reject(_REASONS.get(type(error), "invalid"), str(error))
         return rows
 
-    def _store_rows(self, rows: list[tuple[int, int, float]], result: WriteResult) -> WriteResult:
-        table = _columns(rows)
+    def _store_rows(
+        self,
+        rows: list[tuple[int, int, float]],
+        result: WriteResult,
+        table: np.ndarray | None = None,
+    ) -> WriteResult:
+        table = _columns(rows) if table is None else table
         checked = self._checked(rows, result, table)
         if checked:
             rows = checked

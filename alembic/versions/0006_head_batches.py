@@ -41,18 +41,25 @@ def upgrade() -> None:
     )
     while page := rows.fetchmany(_PAGE):
         data = np.array([tuple(r) for r in page], dtype=np.float64)
-        ts, sids = data[:, 0].astype("<i8"), data[:, 1].astype("<i8")
+        ts, sids = data[:, 0].astype(np.int64), data[:, 1].astype(np.int64)
         values = data[:, 2].astype("<f8")
         minutes = ts - ts % MINUTE_MS
-        params = []
-        for minute in np.unique(minutes).tolist():
-            pick = minutes == minute
-            params.append({
-                "minute_ms": minute, "n": int(pick.sum()), "ts": ts[pick].tobytes(),
-                "series_id": sids[pick].tobytes(), "value": values[pick].tobytes(),
-            })  # fmt: skip
-        conn.execute(insert, params)
+        conn.execute(insert, [
+            _batch(minute, ts[pick] - minute, sids[pick], values[pick])
+            for minute, pick in ((m, minutes == m) for m in np.unique(minutes).tolist())
+        ])  # fmt: skip
     op.drop_table("samples_head")
+
+
+def _batch(minute: int, offsets: np.ndarray, sids: np.ndarray, values: np.ndarray) -> dict:
+    """A head row as store/head.py writes it: uint16 ms after the minute, uint32 series ids
+    (int64 past 2**32), float64 values."""
+    wide = int(sids.max()) > 0xFFFF_FFFF
+    return {
+        "minute_ms": minute, "n": len(offsets), "ts": offsets.astype("<u2").tobytes(),
+        "series_id": sids.astype("<i8" if wide else "<u4").tobytes(),
+        "value": values.tobytes(),
+    }  # fmt: skip
 
 
 def downgrade() -> None:
@@ -65,16 +72,17 @@ def downgrade() -> None:
     )
     conn = op.get_bind()
     batches = conn.execute(
-        sa.text("SELECT ts, series_id, value FROM samples_head_batch ORDER BY seq")
+        sa.text("SELECT minute_ms, n, ts, series_id, value FROM samples_head_batch ORDER BY seq")
     )
     # In write order, ignoring repeats: the first value written of (series, ts) wins.
     insert = sa.text(
         "INSERT INTO samples_head (ts, series_id, value) VALUES (:ts, :series_id, :value) "
         "ON CONFLICT DO NOTHING"
     )
-    for ts_blob, sid_blob, value_blob in batches.fetchall():
-        ts = np.frombuffer(bytes(ts_blob), "<i8").tolist()
-        sids = np.frombuffer(bytes(sid_blob), "<i8").tolist()
+    for minute, n, ts_blob, sid_blob, value_blob in batches.fetchall():
+        ts = (np.frombuffer(bytes(ts_blob), "<u2").astype(np.int64) + minute).tolist()
+        wide = len(sid_blob) != 4 * n
+        sids = np.frombuffer(bytes(sid_blob), "<i8" if wide else "<u4").tolist()
         values = np.frombuffer(bytes(value_blob), "<f8").tolist()
         conn.execute(
             insert,
