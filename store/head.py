@@ -132,6 +132,7 @@ class NewestWritten:
 
     def __init__(self) -> None:
         self._newest: np.ndarray | None = None
+        self._slot = _EMPTY_I  # scratch for ``distinct``, as long as ``_newest``
         self._default = 0
 
     @property
@@ -142,6 +143,7 @@ class NewestWritten:
         ts, sids, _ = read(conn, 0, 2**62, values=False, dedupe=False)
         self._default = watermark - 1
         self._newest = np.full(int(sids.max()) + 1 if len(sids) else 0, self._default)
+        self._slot = np.zeros(len(self._newest), np.int64)
         np.maximum.at(self._newest, sids, ts)
 
     def of(self, sids: np.ndarray) -> np.ndarray:
@@ -151,7 +153,15 @@ class NewestWritten:
         if top > len(self._newest):
             grow = max(top, 2 * len(self._newest)) - len(self._newest)
             self._newest = np.r_[self._newest, np.full(grow, self._default)]
+            self._slot = np.r_[self._slot, np.zeros(grow, np.int64)]
         return self._newest[sids]
+
+    def distinct(self, sids: np.ndarray) -> bool:
+        """Whether no id repeats in ``sids`` (after ``of`` sized the index): each writes its
+        position into a scratch slot, and a repeat finds a later one in its own."""
+        where = np.arange(len(sids))
+        self._slot[sids] = where
+        return bool((self._slot[sids] == where).all())
 
     def update(self, ts: np.ndarray, sids: np.ndarray, unique: bool) -> None:
         """Take in stored samples (``unique``: each series at most once, the common case)."""

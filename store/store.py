@@ -93,7 +93,7 @@ class Store(Writing, Compaction, Watching, Queries):
         self._watermark_read_at = -math.inf
         self._watched_metrics: frozenset[str] = frozenset()
         self._newest_written = NewestWritten()
-        self._known_mask = (-1, np.zeros(0, dtype=bool))
+        self._known_mask = (0, np.zeros(0, dtype=bool))
         self._wants: Callable[[SeriesKey], bool] | None = None
         self.feed = RecentSamples(settings.recent_samples, self._is_watched)
         self.findings = FindingLog(engine)

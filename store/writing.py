@@ -135,12 +135,14 @@ class Writing:
     def _all_known(self, sids: np.ndarray) -> bool:
         """Whether every id was resolved here: one mask lookup, not a set of the batch."""
         known = self.series_registry.keys
-        if self._known_mask[0] != len(known):
-            ids = np.fromiter(known, np.int64, len(known))
-            mask = np.zeros(int(ids.max()) + 1 if len(ids) else 0, dtype=bool)
-            mask[ids] = True
+        seen, mask = self._known_mask
+        if seen != len(known):  # the registry only appends: take in the ids added since
+            added = np.fromiter(itertools.islice(known, seen, None), np.int64, len(known) - seen)
+            top = int(added.max()) + 1
+            if top > len(mask):
+                mask = np.r_[mask, np.zeros(max(top, 2 * len(mask)) - len(mask), dtype=bool)]
+            mask[added] = True
             self._known_mask = (len(known), mask)
-        mask = self._known_mask[1]
         if not len(sids):
             return True
         return bool(
@@ -201,12 +203,13 @@ class Writing:
         newest = self._newest_written
         if not newest.loaded:
             newest.load(conn, self._cached_watermark(conn))
-        unique = int(np.bincount(sids).max()) <= 1  # each series once: no repeats in rows
+        before = newest.of(sids)
+        unique = newest.distinct(sids)  # each series once, the common case: no repeats
         keep = np.ones(len(ts), dtype=bool)
         if not unique:
             keep[:] = False
             keep[head.first_written(ts, sids)] = True
-        suspect = np.flatnonzero(keep & (ts <= newest.of(sids)))
+        suspect = np.flatnonzero(keep & (ts <= before))
         if len(suspect):
             keep[suspect[head.already_stored(conn, ts[suspect], sids[suspect])]] = False
         if not keep.all():
