@@ -183,7 +183,11 @@ class Writing:
                 self._prepare_partitions(rows)
                 with self._write_lock:
                     with self.engine.begin() as conn:
-                        fresh = self._drop_compacted_duplicates(conn, rows)
+                        fresh = (
+                            self._drop_compacted_duplicates(conn, rows)
+                            if table[:, 0].min() < self._cached_watermark(conn)
+                            else rows
+                        )
                         if fresh is not rows:
                             table = _columns(fresh)
                         stored = self._insert_head(conn, table) if fresh else None
