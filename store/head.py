@@ -171,10 +171,6 @@ class NewestWritten:
         else:
             np.maximum.at(self._newest, sids, ts)
 
-    def forget(self) -> None:
-        """Load again on next use (the head was changed behind the writer's back)."""
-        self._newest = None
-
 
 def head_samples(
     conn: Any, ids: Sequence[int], lo: int, hi: int

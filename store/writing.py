@@ -51,7 +51,7 @@ from hbmwatch.validation import (
     UnknownMetric,
 )
 
-_TIMESTAMP_OF_ROW, _SID_OF_ROW, _VALUE = (operator.itemgetter(i) for i in range(3))
+_TIMESTAMP_OF_ROW = operator.itemgetter(0)
 _REASONS = {
     UnknownMetric: "unknown_metric",
     InvalidLabels: "invalid_labels",
@@ -137,12 +137,15 @@ class Writing:
         known = self.series_registry.keys
         seen, mask = self._known_mask
         if seen != len(known):  # the registry only appends: take in the ids added since
-            added = np.fromiter(itertools.islice(known, seen, None), np.int64, len(known) - seen)
-            top = int(added.max()) + 1
+            try:
+                added = np.fromiter(itertools.islice(known, seen, None), np.int64)
+            except RuntimeError:  # another thread is registering series right now
+                return known.keys() >= set(sids.astype(np.int64).tolist())
+            top = int(added.max()) + 1 if len(added) else 0
             if top > len(mask):
                 mask = np.r_[mask, np.zeros(max(top, 2 * len(mask)) - len(mask), dtype=bool)]
             mask[added] = True
-            self._known_mask = (len(known), mask)
+            self._known_mask = (seen + len(added), mask)
         if not len(sids):
             return True
         return bool(

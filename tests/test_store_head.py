@@ -104,3 +104,13 @@ def test_migration_0006_moves_the_head_and_back(store_url: str, clock: Clock) ->
         assert [(int(t), v) for t, v in rows] == [(T0 + i * 1000, float(i)) for i in range(91)]
     finally:
         engine.dispose()
+
+
+def test_write_rows_refuses_ids_never_resolved(store: Store) -> None:
+    first = store.resolve([power("n1")])[power("n1")]
+    assert isinstance(first, int)
+    got = store.write_rows([(T0, first, 1.0), (T0, first + 1000, 2.0), (T0, -1, 3.0)])
+    assert (got.accepted, got.rejected) == (1, {"unknown_series": 2})
+    second = store.resolve([power("n2")])[power("n2")]  # the registry grew since
+    assert isinstance(second, int)
+    assert store.write_rows([(T0, second, 4.0), (T0 + 1000, first, 5.0)]).accepted == 2
