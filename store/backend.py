@@ -108,9 +108,9 @@ class PostgresBackend:
     name = "postgresql"
 
     def insert_head(self, conn: Connection, rows: Sequence[HeadBatchRow]) -> None:
-        with _dbapi(conn).cursor() as cur:
+        with _dbapi(conn).cursor() as cur:  # %b: the blobs go binary, not hex-escaped
             cur.executemany(
-                f"INSERT INTO samples_head_batch ({_HEAD_COLUMNS}) VALUES (%s, %s, %s, %s, %s)",
+                f"INSERT INTO samples_head_batch ({_HEAD_COLUMNS}) VALUES (%s, %s, %b, %b, %b)",
                 rows,
             )
 

@@ -69,7 +69,9 @@ def read(
     and values (empty unless ``values``), deduped first-written-wins and sorted by series
     then time (unless not ``dedupe``: then in storage order)."""
     columns = "minute_ms, n, ts, series_id" + (", value" if values else "")
-    cur = conn.connection.driver_connection.cursor()  # plain tuples of bytes
+    raw = conn.connection.driver_connection
+    # plain tuples of bytes; psycopg fetches them binary, not as hex text to decode
+    cur = raw.cursor(binary=True) if conn.dialect.name == "postgresql" else raw.cursor()
     try:
         cur.execute(  # every interpolated value is an int
             f"SELECT {columns} FROM samples_head_batch WHERE minute_ms >= "
