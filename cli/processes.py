@@ -196,6 +196,7 @@ def sim(
     ] = None,
 ) -> None:
     """Serve a simulated fleet's exporter, vLLM and training endpoints on 127.0.0.1."""
+    from hbmwatch.runtime.supervise import stop_on_signals
     from hbmwatch.simulator.runner import Simulation
     from hbmwatch.simulator.scenario import load_scenario
     from hbmwatch.simulator.server import SimServer
@@ -216,6 +217,8 @@ def sim(
         raise typer.Exit(2) from None
 
     async def serve() -> None:
+        stop = asyncio.Event()
+        stop_on_signals(stop)  # SIGTERM and SIGINT, even one its parent ran with ignored
         simulation = Simulation(loaded, seed=seed)
         server = SimServer(simulation, base_port=port, speed=speed)
         targets = await server.start()
@@ -232,9 +235,15 @@ def sim(
             console.print(f"  {target.kind:8s} {target.url}")
         if len(targets) > 5:
             console.print(f"  ... and {len(targets) - 5} more (GET /targets on any port)")
+        running = asyncio.ensure_future(server.run())
+        stopping = asyncio.ensure_future(stop.wait())
         try:
-            await server.run()
+            await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if running.done():
+                running.result()  # the scenario ended, or the server failed: say so
         finally:
+            running.cancel()
+            stopping.cancel()
             await server.close()
 
     with contextlib.suppress(KeyboardInterrupt):

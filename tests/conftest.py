@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,6 +51,11 @@ def pytest_configure(config: pytest.Config) -> None:
     it. A handler, unlike SIG_IGN, is reset to the default by exec: children get SIGINT."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The suite starts over a hundred hbmwatch processes; with PYTHONDONTWRITEBYTECODE (set
+    # on some CI images) each compiles the package anew, about 1 CPU-s a start.  Written once
+    # into the checkout's __pycache__, as any run of Python would, they reuse it.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -56,6 +56,27 @@ def test_sim_serves_targets_and_writes_ground_truth(tmp_path: Path) -> None:
         proc.wait(timeout=120)
 
 
+def test_sim_stops_on_sigint_even_when_started_with_it_ignored(tmp_path: Path) -> None:
+    """A simulator started in the background (SIGINT ignored, as ``cmd &`` does) still stops
+    at SIGINT, as the service's processes do, instead of serving to its scenario's end."""
+    targets = tmp_path / "targets.json"
+    log = tmp_path / "sim.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*HBMWATCH, "sim", "noisy_neighbour", "--port", "0", "--truth",
+             str(tmp_path / "truth.json"), "--targets", str(targets)],
+            cwd=tmp_path, env=clean_env(), text=True, stdout=out, stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )  # fmt: skip
+    try:
+        _wait_for(targets, proc, log=log)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=45) == 0, log.read_text()
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def test_sim_rejects_a_bad_scenario_with_the_field(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\nduration = "1h"\n[[racks]]\nname = "r0"\nnodes = 1\nsku = "Z9"\n')
