@@ -239,6 +239,9 @@ def sharded_fleet(engine: EngineProcess, pg_url: str, tmp_path: Path) -> None:
             HBMWATCH_STORE__REMOTE__WRITE_URL=engine.url + "/api/v1/write",
             HBMWATCH_STORE__REMOTE__QUERY_URL=engine.url,
             HBMWATCH_DETECTION__SETTLE_SECONDS="4",
+            # Collectors that start late on a loaded machine may first scrape the first
+            # exporter already down (onset 30 s): it must page within the fault all the same.
+            HBMWATCH_DETECTION__TARGET_FIRST_UP_GRACE_SECONDS="10",
             HBMWATCH_ALERTS__RECEIVERS=receivers,
             HBMWATCH_LOG_FORMAT="json",
         )
