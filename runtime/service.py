@@ -229,7 +229,15 @@ async def run(settings: Settings) -> None:
     status.collector_last_round_ms = lambda: collector.last_round_ms
     _log_start(collector)
     stop_on_signals(stop)
+    if settings.detection.enabled:
+        status.detection_interval_seconds = settings.detection.interval_seconds
     try:
+        # HTTP first, in its own process (readers never starve ingest): it answers, and says
+        # what is not ready yet, while the detectors load their state and warm up.
+        try:
+            await api.start()
+        except ApiServerError as exc:
+            raise ConfigError(str(exc), field="api.port") from None
         with exits_on_fatal():
             async with asyncio.TaskGroup() as group:
                 spawn = functools.partial(_spawn, group, stop)
@@ -247,16 +255,11 @@ async def run(settings: Settings) -> None:
                     leader = AlertLeader(store, settings, registry, deliver if delivering else None)
                     spawn("alert leader", lambda: leader.run(stop))
                 if settings.detection.enabled:
-                    status.detection_interval_seconds = settings.detection.interval_seconds
                     sharded = not roles.plan(settings.detection).single
                     detecting = functools.partial(detect, store, settings.detection, stop,
                                                   alerting, status, shared=sharded)  # fmt: skip
                     spawn("detection", detecting)
-                try:  # HTTP in its own process: readers never starve ingest
-                    try:
-                        await api.start()
-                    except ApiServerError as exc:
-                        raise ConfigError(str(exc), field="api.port") from None
+                try:
                     await supervise("api", lambda: api.serve(stop), stop)
                 finally:  # cancelled too: every loop ends
                     stop.set()
