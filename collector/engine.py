@@ -336,7 +336,9 @@ class ScrapeEngine:
         tick = now - (now - offset) % interval_ms + interval_ms
         state = self.state(target)
         while not stop.is_set():
-            await _sleep_until(self.clock, tick, stop)
+            wait = tick / 1000 - self.clock()
+            if wait > 0:  # a plain sleep: ``run`` cancels this task at a stop
+                await asyncio.sleep(wait)
             if stop.is_set():
                 return
             now = self.now_ms()
@@ -407,13 +409,6 @@ class ScrapeEngine:
             await asyncio.to_thread(self._collect_local, self.now_ms())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
-
-
-async def _sleep_until(clock: Callable[[], float], tick_ms: int, stop: asyncio.Event) -> None:
-    wait = tick_ms / 1000 - clock()
-    if wait > 0:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), wait)
 
 
 @functools.cache
