@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import math
 import ssl
 import time
 import zlib
@@ -235,6 +236,7 @@ class ScrapeEngine:
         since the last reset (a label explosion) gets a fresh translator, so the devices
         and histories it invented go too (the memo's cap does not bound those).
         """
+        state.translated = (0, math.inf)  # a cleared memo parses the next page in full
         capped = state.dropped["series_cap"] + state.dropped["label_too_long"]
         if capped > state.capped_at_reset or state.parsing is not None:
             state.translator = translator_for(state.target, self.settings)
