@@ -18,7 +18,7 @@ import numpy as np
 from sqlalchemy import Engine, text
 
 from hbmwatch.settings import StoreSettings
-from hbmwatch.store import codec
+from hbmwatch.store import codec, head
 from hbmwatch.store.backend import DAY_MS, Backend
 from hbmwatch.store.guard import guarded
 from hbmwatch.store.results import CompactionReport, StoreMetrics
@@ -39,14 +39,15 @@ class _Minute:
     """One head minute, compacted but not yet stored: its rows for each table."""
 
     samples: int
+    head_samples: int  # as read, duplicates included: a write landing meanwhile changes it
     chunks: list[tuple[Any, ...]]
     merged: list[tuple[Any, ...]]
     hours: list[tuple[Any, ...]]
 
 
 def _head_rows(conn: Any, lo: int) -> int:
-    count = "SELECT count(*) FROM samples_head WHERE ts >= :lo AND ts < :hi"
-    return int(conn.execute(text(count), {"lo": lo, "hi": lo + MINUTE_MS}).scalar_one())
+    count = "SELECT coalesce(sum(n), 0) FROM samples_head_batch WHERE minute_ms = :lo"
+    return int(conn.execute(text(count), {"lo": lo}).scalar_one())
 
 
 @guarded
@@ -83,7 +84,8 @@ class Compaction:
             # the lock is taken to store the result, after checking no write landed in that
             # minute meanwhile (a late sample): then the minute is prepared again under it.
             with self.engine.connect() as conn:
-                oldest = conn.execute(text("SELECT min(ts) FROM samples_head")).scalar()
+                oldest_sql = "SELECT min(minute_ms) FROM samples_head_batch"
+                oldest = conn.execute(text(oldest_sql)).scalar()
                 if oldest is not None and oldest < target:
                     lo = floor(int(oldest), MINUTE_MS)
                     watermark = read_watermark(conn)
@@ -95,7 +97,8 @@ class Compaction:
                         write_watermark(conn, target)
                         self._watermark_read_at = -math.inf
                     break
-                if read_watermark(conn) != watermark or _head_rows(conn, lo) != prepared.samples:
+                moved = _head_rows(conn, lo) != prepared.head_samples
+                if read_watermark(conn) != watermark or moved:
                     watermark = read_watermark(conn)
                     prepared = self._prepare_minute(conn, lo, watermark)
                 self._apply_minute(conn, lo, prepared)
@@ -110,21 +113,9 @@ class Compaction:
 
     def _prepare_minute(self, conn: Any, lo: int, watermark: int) -> _Minute:
         """The chunk, merge and rollup rows of the head's minute starting at ``lo``."""
-        raw = conn.connection.driver_connection
-        cur = raw.cursor()
-        placeholder = "?" if self.backend.name == "sqlite" else "%s"
-        cur.execute(
-            f"SELECT ts, series_id, value FROM samples_head WHERE ts >= {placeholder} "
-            f"AND ts < {placeholder}",
-            (lo, lo + MINUTE_MS),
-        )
-        fetched = cur.fetchall()
-        cur.close()
-        data = np.array(fetched, dtype=np.float64).reshape(-1, 3)
-        ts = data[:, 0].astype(np.int64)
-        sid = data[:, 1].astype(np.int64)
-        values = data[:, 2]
-        order = np.lexsort((ts, sid))
+        ts, sid, values = head.read(conn, lo, lo + MINUTE_MS, dedupe=False)
+        read = len(ts)
+        order = head.first_written(ts, sid)  # sorted by series, time; duplicates dropped
         ts, sid, values = ts[order], sid[order], values[order]
         starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
         seg_sid = sid[starts]
@@ -172,17 +163,14 @@ class Compaction:
                 if merged is not None:
                     merged_rows.append((s, lo, *merged[0]))
                     hour_rows.append((s, hour, *merged[1]))
-        return _Minute(len(ts), chunk_rows, merged_rows, hour_rows)
+        return _Minute(len(ts), read, chunk_rows, merged_rows, hour_rows)
 
     def _apply_minute(self, conn: Any, lo: int, minute: _Minute) -> None:
         """Store a prepared minute and take its samples out of the head."""
         self.backend.write_chunks(conn, minute.chunks, replace=False)
         self.backend.write_chunks(conn, minute.merged, replace=True)
         self.backend.merge_rollup_1h(conn, minute.hours)
-        conn.execute(
-            text("DELETE FROM samples_head WHERE ts >= :lo AND ts < :hi"),
-            {"lo": lo, "hi": lo + MINUTE_MS},
-        )
+        conn.execute(text("DELETE FROM samples_head_batch WHERE minute_ms = :lo"), {"lo": lo})
 
     @staticmethod
     def _merge_late(
@@ -241,9 +229,11 @@ class Compaction:
                 ),
                 {"cutoff": raw_cutoff},
             ).rowcount
-            head = conn.execute(
-                text("DELETE FROM samples_head WHERE ts < :cutoff"), {"cutoff": raw_cutoff}
-            ).rowcount
+            # whole head minutes: one that straddles the cutoff goes with its compaction
+            old_head = {"cutoff": floor(raw_cutoff, MINUTE_MS)}
+            old_sum = "SELECT coalesce(sum(n), 0) FROM samples_head_batch WHERE minute_ms < :cutoff"
+            head_rows = conn.execute(text(old_sum), old_head).scalar_one()
+            conn.execute(text("DELETE FROM samples_head_batch WHERE minute_ms < :cutoff"), old_head)
             minute = self.backend.drop_minute_tier_before(conn, minute_cutoff)
             hour = conn.execute(
                 text(
@@ -254,7 +244,7 @@ class Compaction:
             ).rowcount
         return {
             "raw_chunks_expired": raw or 0,
-            "head_rows_deleted": head or 0,
+            "head_rows_deleted": int(head_rows),
             "minute_rows_deleted": minute,
             "hour_rows_deleted": hour or 0,
         }

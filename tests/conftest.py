@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,17 @@ def _logging_as_found() -> Iterator[None]:
     structlog.configure(**saved)
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGINT handled, not ignored, in this process and so in every process it starts.
+
+    A run started in the background (``.ci/run &``, nohup) inherits SIGINT ignored; a child
+    started with it ignored keeps it ignored (``hbmwatch sim`` then runs to its scenario's
+    end), so every test that stops a process with SIGINT would wait out its timeout and kill
+    it. A handler, unlike SIG_IGN, is reset to the default by exec: children get SIGINT."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

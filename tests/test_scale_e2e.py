@@ -230,6 +230,9 @@ def sharded_fleet(engine: EngineProcess, pg_url: str, tmp_path: Path) -> None:
         am = stack.enter_context(running_alertmanager(tmp_path, sink.url + "/am",
                                                       group_by=("alertname", "host")))  # fmt: skip
         url = migrated(stack.enter_context(private_schema(pg_url)))
+        # The single detector's schema, made before the processes start: on the way out they
+        # stop first, then the schemas are dropped (not under a running process).
+        single_url = migrated(stack.enter_context(private_schema(pg_url)))
         receivers = json.dumps([{"name": "am", "kind": "alertmanager", "url": am.url}])
         env = clean_env(
             HBMWATCH_STORE__URL=url,
@@ -304,7 +307,6 @@ def sharded_fleet(engine: EngineProcess, pg_url: str, tmp_path: Path) -> None:
             fleet.stop(name)
 
         # One detector process over the same samples opens the same incidents.
-        single_url = migrated(stack.enter_context(private_schema(pg_url)))
         alone = {"HBMWATCH_STORE__URL": single_url, "HBMWATCH_ALERTS__RECEIVERS": "[]",
                  "HBMWATCH_DETECTION__BACKFILL_SECONDS": "900"}  # fmt: skip
         fleet.start("detect-single", "detect", **alone)
