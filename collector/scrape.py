@@ -4,12 +4,15 @@ The engine (collector/engine.py) schedules scrapes; this module fetches each pag
 one deadline (``Deadline``: connect, headers and body together, since a per-read timeout
 never ends a trickled page), then translates it.  A page at least ``OFFLOAD_BYTES`` long
 is translated in a worker thread, so one exploding target cannot starve the event loop
-(and with it every other target and the API).
+(and with it every other target and the API), unless the target's last page was about as
+long and took under ``INLINE_SECONDS``: a known page costs less than the thread hop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +36,12 @@ from hbmwatch.settings import CollectorSettings
 #: pages): a thread hop costs ~150-350 us, parsing a 3 KB page inline 90 us, a 23 KB page
 #: 0.7 ms, a 380 KB page 27 ms; so small pages stay on the loop, big ones leave it.
 OFFLOAD_BYTES = 64 * 2**10
+#: A big page about as long as the target's last one (within ``INLINE_SHARE``) whose
+#: translation took less than this is translated on the loop.  Measured (2-core host,
+#: 256-GPU fleet): a 120-140 KB exporter page of a known shape takes 1.3-2 ms, and its hop
+#: to a thread and back two more wake-ups of the loop and a GIL hand-over each way.
+INLINE_SECONDS = 0.005
+INLINE_SHARE = 0.25
 #: A deadline that fires this late found the loop itself stalled (see ``Deadline``).
 STALL_SECONDS = 0.25
 
@@ -78,6 +87,8 @@ class TargetState:
     late_scrapes: int = 0
     behind_mark: tuple[int, int] = (0, 0)  # skipped, late when the last warning counted them
     page: PageMemory = field(default_factory=PageMemory)  # unchanged pages (collector/refresh.py)
+    #: The last translated page's length and seconds (inf: none yet, or the memo was reset).
+    translated: tuple[int, float] = (0, math.inf)
 
     #: The health series' keys, by name (and drop reason): built once, not every scrape.
     keys: dict[str, SeriesKey] = field(default_factory=dict)
@@ -85,6 +96,13 @@ class TargetState:
     def self_labels(self) -> dict[str, str]:
         base = {k: v for k, v in self.target.labels.items() if k in ("cluster", "rack", "host")}
         return {**base, "target": self.target.url, "source": self.target.kind}
+
+    def inline(self, size: int) -> bool:
+        """Whether a page of ``size`` characters is cheap enough for the loop."""
+        last, seconds = self.translated
+        return size < OFFLOAD_BYTES or (
+            seconds < INLINE_SECONDS and abs(size - last) <= last * INLINE_SHARE
+        )
 
     def key(self, name: str, reason: str = "") -> SeriesKey:
         """The target's own series ``name`` (``reason``: of the dropped-samples counter)."""
@@ -172,7 +190,7 @@ async def collect(
     skips = settings.skip_unchanged_pages and target.kind in SKIPS_UNCHANGED
     if skips and state.page.same(text, ts_ms, state.up is True):
         return Collected(devices=state.page.devices)  # not refreshed: nothing new to store
-    if len(text) < OFFLOAD_BYTES:
+    if state.inline(len(text)):
         return translate(state, text, ts_ms, settings)
     task = asyncio.ensure_future(asyncio.to_thread(translate, state, text, ts_ms, settings))
     task.add_done_callback(retrieve)
@@ -184,10 +202,12 @@ async def collect(
 
 def translate(state: TargetState, text: str, ts_ms: int, settings: CollectorSettings) -> Collected:
     """The page's limits, then its translator (on the loop, or in a worker thread)."""
+    started, size = time.perf_counter(), len(text)
     check_sample_limit(text, settings.sample_limit)
     limit = settings.label_value_length_limit
     text, too_long = drop_long_labels(text, limit)
     collected: Collected = state.translator.translate_text(text, ts_ms)
+    state.translated = (size, time.perf_counter() - started)
     state.page.devices = collected.devices  # what an unchanged page shows the inventory
     if too_long:
         collected.drop("label_too_long", too_long, f"label values over {limit} characters")

@@ -29,6 +29,8 @@ logger = log.get("hbmwatch.collector")
 MAX_QUEUED_BATCHES = 4
 #: A writer thread with nothing to do for this long ends; the next batch starts another.
 WRITER_IDLE_SECONDS = 5.0
+#: A write in progress for longer than this is stuck, not slow: batches stop being merged.
+STUCK_SECONDS = 1.0
 
 
 @dataclass
@@ -136,6 +138,12 @@ class BatchingSink:
     What a kill -9 can lose is what is still in memory: the pending batch (at most
     ``flush_seconds`` or ``flush_samples``) and up to ``MAX_QUEUED_BATCHES`` + 1 batches
     waiting for, or inside, a store write.  A stop flushes all of them (``flush``).
+
+    A batch handed off while the last one still waits for a busy writer joins it, up to
+    ``flush_samples``: a slow store then takes fewer, larger writes (each costs a
+    transaction) instead of falling behind until batches spool, which costs a gzip and an
+    fsync here and a decode in the writer.  A writer stuck in one write for
+    ``STUCK_SECONDS`` gets no more merges, so the queue fills and the spool takes over.
     """
 
     def __init__(
@@ -157,6 +165,7 @@ class BatchingSink:
         self._oldest = 0.0
         self._queue: deque[_Batch] = deque()
         self._inflight: _Batch | None = None
+        self._inflight_since = 0.0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._last: _Batch | None = None
@@ -183,6 +192,9 @@ class BatchingSink:
         batch, self._pending = self._pending, []
         if not batch:
             return
+        with self._cond:
+            if self._merged(batch):
+                return
         job = _Batch(batch, self.writer.spool.reserve())
         with contextlib.suppress(RuntimeError):
             job.waiter = asyncio.get_running_loop().create_future()
@@ -196,6 +208,20 @@ class BatchingSink:
         # The writer is stuck in a write: spool here, in the batch's own place in the order.
         self.writer.spool.append(job.samples, job.seq)
         self._finish(job, Flushed(samples=len(batch), spooled=len(batch)))
+
+    def _merged(self, batch: list[Sample]) -> bool:
+        """Whether ``batch`` joined the last queued one (called with ``_cond`` held)."""
+        tail = self._queue[-1] if self._queue else None
+        if tail is None or tail is not self._last:  # none waits, or one spooled after it
+            return False
+        if len(tail.samples) + len(batch) > self.flush_samples:
+            return False
+        if self._inflight is not None and time.monotonic() - self._inflight_since > STUCK_SECONDS:
+            return False
+        if _loop_of(tail.waiter) is not _running_loop():  # ``flush`` must see it: a waiter
+            return False  # of this loop, or none (handed off outside a loop) both times
+        tail.samples.extend(batch)  # still queued: the writer has not taken it yet
+        return True
 
     async def flush(self) -> Flushed:
         """Hand off the pending samples and wait until everything handed off is written or
@@ -240,6 +266,7 @@ class BatchingSink:
                     self._thread = None
                     return
                 job = self._inflight = self._queue.popleft()
+                self._inflight_since = time.monotonic()
             try:
                 result = self.writer.write(job.samples, job.seq)
             except Exception as exc:  # never drop a batch for an error nobody expected
@@ -261,6 +288,17 @@ class BatchingSink:
         if waiter is not None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
                 waiter.get_loop().call_soon_threadsafe(_resolve, waiter)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _loop_of(waiter: asyncio.Future[None] | None) -> asyncio.AbstractEventLoop | None:
+    return waiter.get_loop() if waiter is not None else None
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from hbmwatch.collector import writer as writer_module
 from hbmwatch.collector.spool import Spool
 from hbmwatch.collector.writer import BatchingSink, SpoolingWriter
 from hbmwatch.query import Aggregation, parse_selector
@@ -105,7 +107,9 @@ def test_a_stop_spools_what_a_stuck_write_holds(tmp_path: Path, clock: Clock) ->
     asyncio.run(sink.flush())  # a stop: the writer is stuck in the busy handler
     # The store's busy timeout is 60 s: a stop that waited for the stuck write takes that.
     assert time.monotonic() - started < 30, "the stop waited for the stuck write"
-    assert spool.pending() == 4  # the batch inside the stuck write, the queued ones, the last
+    # The batch inside the stuck write, the queued ones, the last: how many files they make
+    # depends on which were merged (handed off while the writer was busy), not their samples.
+    assert sink.totals.spooled == 4 * BATCH
     other.execute("COMMIT")
     deadline = time.monotonic() + 60
     while sink.queued() and time.monotonic() < deadline:  # the stuck write may still land
@@ -138,3 +142,37 @@ def test_a_batch_the_store_refuses_for_a_bug_is_set_aside_not_retried_forever(
     assert spool.pending() == 0 and len(list(spool.directory.glob("*.failed"))) == 1
     assert stored(store) == 3 * BATCH
     store.close()
+
+
+def test_batches_handed_off_while_the_writer_is_busy_are_written_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow write (not a stuck one) makes the next batches one write, up to flush_samples,
+    in scrape order, none spooled."""
+    monkeypatch.setattr(writer_module, "STUCK_SECONDS", 3600.0)  # slow, however busy the host
+    release, writes = threading.Event(), []
+
+    def write(samples: list[Sample]) -> WriteResult:
+        writes.append([s.value for s in samples])
+        if len(writes) == 1:
+            release.wait(60)  # the first write is slow
+        return WriteResult(received=len(samples), accepted=len(samples))
+
+    sink = BatchingSink(SpoolingWriter(write, Spool(tmp_path / "spool", 10**9)), 3 * BATCH, 3600.0)
+
+    async def scrape() -> None:
+        sink.add(batch(1))
+        sink.hand_off()
+        deadline = time.monotonic() + 60
+        while not writes and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # until the writer is inside the first write
+        for i in range(2, 7):
+            sink.add(batch(i))
+            sink.hand_off()
+        release.set()
+        await sink.flush()
+
+    asyncio.run(scrape())
+    assert [sorted(set(w)) for w in writes] == [[1.0], [2.0, 3.0, 4.0], [5.0, 6.0]]
+    assert [v for w in writes for v in w] == sorted(v for w in writes for v in w)
+    assert sink.totals.accepted == 6 * BATCH and sink.totals.spooled == 0

@@ -27,6 +27,7 @@ from hbmwatch.collector.limits import (
     count_samples,
     drop_long_labels,
 )
+from hbmwatch.collector.scrape import OFFLOAD_BYTES, TargetState
 from hbmwatch.collector.spool import Spool
 from hbmwatch.collector.targets import Target, TargetSet
 from hbmwatch.collector.writer import BatchingSink, SpoolingWriter
@@ -329,6 +330,17 @@ def test_a_huge_page_does_not_stall_the_event_loop(sqlite_store: Store, tmp_path
     assert report.up and report.samples == 20_000  # type: ignore[attr-defined]
     # inline, the loop would stall for the whole parse; in a thread it keeps its turns
     assert worst < took / 4, f"loop stalled {worst * 1000:.0f} ms of a {took * 1000:.0f} ms scrape"
+
+
+def test_a_big_page_goes_to_a_thread_unless_the_last_one_was_as_long_and_cheap() -> None:
+    state = TargetState(Target("dcgm", "http://h:9400/metrics"), None)
+    big = OFFLOAD_BYTES * 2
+    assert state.inline(100) and not state.inline(big)  # never translated: a thread
+    state.translated = (big, 0.001)  # a known page, translated in 1 ms
+    assert state.inline(big) and state.inline(int(big * 1.2))
+    assert not state.inline(big * 2)  # twice as long: a thread again
+    state.translated = (big, 0.5)
+    assert not state.inline(big)  # slow last time: a thread
 
 
 # -- 2b: an inventory that fails costs no samples -----------------------------------------
