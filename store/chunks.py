@@ -1,0 +1,159 @@
+"""Chunks at rest, read from both tables, and the packed minute statistics of an hour.
+
+A series' closed minute sits in exactly one place: its own ``samples_chunk`` row, or (once
+compaction's hour pass has re-packed its hour, ``store/hours.py``) its hour's ``samples_hour``
+row.  Every reader of chunks goes through ``chunk_blobs`` (raw samples) or ``minute_stats``
+(the 1-minute tier), which read both tables, so no reader needs to know where the pass is.
+
+An hour row's ``minutes`` blob holds the statistics of the minutes that had samples::
+
+    byte 0     format (1)
+    bytes 1-8  which of the hour's 60 minutes are present (bit m = minute m, little endian)
+    then       three codec chunks (``store/codec.py``), each after a varint length but the
+               last: integers (counts, then each minute's last sample in ms after the
+               minute's start), sample values (mins, maxes, lasts) and sums
+
+Grouping arrays of one kind lets each chunk keep one decimal scale; the codec's timestamps
+are 0..n-1 (regular, three bytes).  An hour of 1 s samples packs into 60-120 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sqlalchemy import text
+
+from hbmwatch.store import codec
+from hbmwatch.store.tiers import HOUR_MS, MINUTE_MS, batches, floor, in_list
+
+FORMAT = 1
+_MINUTES = HOUR_MS // MINUTE_MS
+_BITS = np.uint64(1) << np.arange(_MINUTES, dtype=np.uint64)
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteStats:
+    """The statistics of one series' minutes: each minute's start and last sample (ms)."""
+
+    start_ms: np.ndarray
+    count: np.ndarray
+    min: np.ndarray
+    max: np.ndarray
+    sum: np.ndarray
+    last: np.ndarray
+    last_ms: np.ndarray
+
+
+def pack_minutes(hour_ms: Sequence[int], stats: Sequence[MinuteStats]) -> list[bytes]:
+    """The ``minutes`` blob of each (series') hour; ``stats`` within ``hour_ms`` each."""
+    arrays: list[np.ndarray] = []
+    masks: list[int] = []
+    for hour, s in zip(hour_ms, stats, strict=True):
+        index = (s.start_ms - hour) // MINUTE_MS
+        masks.append(int(np.bitwise_or.reduce(_BITS[index])))
+        arrays.append(np.r_[s.count, s.last_ms - s.start_ms].astype(np.float64))
+        arrays.append(np.r_[s.min, s.max, s.last])
+        arrays.append(np.asarray(s.sum, dtype=np.float64))
+    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+    values = np.concatenate(arrays)
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    ts = np.arange(len(values), dtype=np.int64) - np.repeat(starts, lengths)
+    enc = codec.encode_segments(np.zeros(len(arrays), dtype=np.int64), ts, values, starts)
+    out = []
+    for i, mask in enumerate(masks):
+        ints, vals, sums = enc.blobs[3 * i : 3 * i + 3]
+        out.append(
+            bytes((FORMAT,)) + mask.to_bytes(8, "little")
+            + codec._varints(len(ints)) + ints + codec._varints(len(vals)) + vals + sums
+        )  # fmt: skip
+    return out
+
+
+def unpack_minutes(blob: bytes, hour_ms: int) -> MinuteStats:
+    """The statistics ``pack_minutes`` packed, minutes in time order."""
+    if len(blob) < 10 or blob[0] != FORMAT:
+        raise codec.CorruptChunk(f"unknown minute statistics format {blob[:1]!r}")
+    mask = np.uint64(int.from_bytes(blob[1:9], "little"))
+    index = np.flatnonzero(mask & _BITS)
+    n = len(index)
+    (a,), pos = codec._read_varints(blob, 9, 1)
+    ints = codec.decode(blob[pos : pos + a], 0)[1]
+    pos += a
+    (b,), pos = codec._read_varints(blob, pos, 1)
+    vals = codec.decode(blob[pos : pos + b], 0)[1]
+    sums = codec.decode(blob[pos + b :], 0)[1]
+    if len(ints) != 2 * n or len(vals) != 3 * n or len(sums) != n:
+        raise codec.CorruptChunk(f"minute statistics of {n} minutes do not add up")
+    start = hour_ms + index.astype(np.int64) * MINUTE_MS
+    return MinuteStats(
+        start, ints[:n].astype(np.int64), vals[:n], vals[n : 2 * n], sums, vals[2 * n :],
+        start + ints[n:].astype(np.int64),
+    )  # fmt: skip
+
+
+def chunk_blobs(conn: Any, ids: Sequence[int], lo: int, hi: int) -> Iterator[tuple[int, int, Any]]:
+    """``(series_id, chunk start, data)`` of every chunk that may hold samples in ``[lo, hi)``
+    ms: hour chunks and minute chunks, in no particular order (``data`` None: expired)."""
+    for batch in batches(ids):
+        where = f"series_id IN ({in_list(batch)}) AND start_ms >= :lo AND start_ms < :hi"
+        yield from conn.execute(
+            text(f"SELECT series_id, start_ms, data FROM samples_hour WHERE {where}"),
+            {"lo": floor(lo, HOUR_MS), "hi": hi},
+        )
+        yield from conn.execute(
+            text(f"SELECT series_id, start_ms, data FROM samples_chunk WHERE {where}"),
+            {"lo": floor(lo, MINUTE_MS), "hi": hi},
+        )
+
+
+#: columns of ``minute_stats``' table
+SID, START, COUNT, MIN, MAX, SUM, LAST, LAST_MS = range(8)
+
+
+def minute_stats(conn: Any, ids: Sequence[int], lo: int, hi: int) -> np.ndarray:
+    """One row per series and minute starting in ``[lo, hi)`` ms, from either table:
+    (series_id, start_ms, count, min, max, sum, last, last_ms) as float64 (ms and ids are
+    exact), sorted by series and time.  ``last_ms`` of chunks older than migration 0004 is
+    their minute's last millisecond."""
+    parts: list[np.ndarray] = []
+    if hi <= lo:
+        return np.zeros((0, 8))
+    stamp = f"COALESCE(last_ms, start_ms + {MINUTE_MS - 1})"
+    for batch in batches(ids):
+        where = f"series_id IN ({in_list(batch)}) AND start_ms >= :lo AND start_ms < :hi"
+        rows = conn.execute(
+            text(
+                f"SELECT series_id, start_ms, count, min, max, sum, last, {stamp} "
+                f"FROM samples_chunk WHERE {where}"
+            ),
+            {"lo": lo, "hi": hi},
+        ).all()
+        if rows:
+            parts.append(np.array([tuple(r) for r in rows], dtype=np.float64))
+        for sid, start_ms, blob in conn.execute(
+            text(
+                "SELECT series_id, start_ms, minutes FROM samples_hour "
+                f"WHERE {where} AND minutes IS NOT NULL"
+            ),
+            {"lo": floor(lo, HOUR_MS), "hi": hi},
+        ):
+            s = unpack_minutes(bytes(blob), int(start_ms))
+            cols = (s.start_ms, s.count, s.min, s.max, s.sum, s.last, s.last_ms)
+            table = np.column_stack([np.full(len(s.start_ms), float(sid)), *cols])
+            parts.append(table[(s.start_ms >= lo) & (s.start_ms < hi)])
+    if not parts:
+        return np.zeros((0, 8))
+    table = np.concatenate(parts)
+    return table[np.lexsort((table[:, START], table[:, SID]))]
+
+
+def by_series(table: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """The blocks of a table sorted by series id (column 0), one per series."""
+    if len(table) == 0:
+        return
+    cuts = np.flatnonzero(np.r_[True, table[1:, 0] != table[:-1, 0]])
+    for a, b in zip(cuts.tolist(), [*cuts[1:].tolist(), len(table)], strict=True):
+        yield int(table[a, 0]), table[a:b]
