@@ -76,8 +76,10 @@ class Compaction(Hours):
         value = self.get_state(WATERMARK)
         return int(value) if value is not None else 0
 
-    def compact(self, now_ms: int | None = None) -> CompactionReport:
-        """Move closed minutes from the head into chunks and fold them into the tiers."""
+    def compact(self, now_ms: int | None = None, *, hours: bool = True) -> CompactionReport:
+        """Move closed minutes from the head into chunks and fold them into the tiers; then
+        re-pack closed hours into hour chunks (``hours`` False leaves them in minute chunks:
+        the tests and benchmarks compare the two)."""
         now = self.now_ms() if now_ms is None else now_ms
         target = floor(now - int(self.settings.compaction_grace_seconds * 1000), MINUTE_MS)
         minutes = samples = chunks = merged = 0
@@ -115,8 +117,8 @@ class Compaction(Hours):
             minutes, samples = minutes + 1, samples + prepared.samples
             chunks, merged = chunks + len(prepared.chunks) + m, merged + m
         self.metrics.compacted.inc(samples)
-        hours = self.repack_hours()
-        return CompactionReport(minutes, samples, chunks, merged, hours)
+        repacked = self.repack_hours() if hours else 0
+        return CompactionReport(minutes, samples, chunks, merged, repacked)
 
     def _prepare_minute(self, conn: Any, lo: int, watermark: int) -> _Minute:
         """The chunk, merge and rollup rows of the head's minute starting at ``lo``."""
