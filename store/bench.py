@@ -133,8 +133,9 @@ def chunk_rows_bytes(rows: Sequence[tuple[Any, ...]], columns: int) -> int:
     """Bytes SQLite takes for ``rows`` in a table of ``samples_chunk``'s layout.
 
     ``columns`` 9 is the real layout (series_id, start_ms, count, min, max, sum, last, data,
-    last_ms); 3 is (series_id, start_ms, data), a chunk without its minute statistics.  The
-    codec benchmark measures chunk formats with this instead of migrating a store per format.
+    last_ms); 3 is (series_id, start_ms, data), a chunk without its minute statistics; 4 is
+    ``samples_hour``'s (series_id, start_ms, minutes, data).  The codec benchmark measures
+    chunk formats with this instead of migrating a store per format.
     """
     names = _CHUNK_LAYOUTS[columns]
     conn = sqlite3.connect(":memory:")
@@ -166,4 +167,5 @@ _CHUNK_LAYOUTS = {
         "last_ms INTEGER",
     ),
     3: ("series_id INTEGER NOT NULL", "start_ms INTEGER NOT NULL", "data BLOB"),
+    4: ("series_id INTEGER NOT NULL", "start_ms INTEGER NOT NULL", "minutes BLOB", "data BLOB"),
 }
