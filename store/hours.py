@@ -27,6 +27,7 @@ from hbmwatch.settings import StoreSettings
 from hbmwatch.store import codec
 from hbmwatch.store.backend import Backend
 from hbmwatch.store.chunks import MinuteStats, pack_minutes, unpack_minutes
+from hbmwatch.store.guard import guarded
 from hbmwatch.store.tiers import (
     HOUR_MS,
     MINUTE_MS,
@@ -179,6 +180,7 @@ def hour_rows(conn: Any, ids: list[int], hour: int) -> dict[int, tuple[Any, ...]
     return out
 
 
+@guarded
 class Hours:
     """The hour pass of ``Store``, a mixin; relies on what ``Compaction`` does."""
 
