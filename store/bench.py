@@ -140,15 +140,17 @@ def chunk_rows_bytes(rows: Sequence[tuple[Any, ...]], columns: int) -> int:
     names = _CHUNK_LAYOUTS[columns]
     conn = sqlite3.connect(":memory:")
     try:
+        rowid = "" if columns == 4 else " WITHOUT ROWID"  # as store/models.py declares them
         conn.execute(
-            f"CREATE TABLE chunk ({', '.join(names)}, PRIMARY KEY (series_id, start_ms)) "
-            "WITHOUT ROWID"
+            f"CREATE TABLE chunk ({', '.join(names)}, PRIMARY KEY (series_id, start_ms)){rowid}"
         )
         marks = ", ".join("?" * columns)
         conn.executemany(f"INSERT INTO chunk VALUES ({marks})", rows)
         conn.commit()
         conn.execute("VACUUM")
-        (size,) = conn.execute("SELECT sum(pgsize) FROM dbstat WHERE name = 'chunk'").fetchone()
+        (size,) = conn.execute(  # the table, and its key's index when it has rowids
+            "SELECT sum(pgsize) FROM dbstat WHERE name IN ('chunk', 'sqlite_autoindex_chunk_1')"
+        ).fetchone()
         return int(size)
     finally:
         conn.close()

@@ -81,10 +81,9 @@ class Chunk(Base):
 
 class HourChunk(Base):
     __tablename__ = "samples_hour"
-    __table_args__ = {
-        "sqlite_with_rowid": False,
-        "postgresql_partition_by": "RANGE (start_ms)",
-    }
+    # A rowid table on SQLite: its leaves take rows of up to a page whole, where a WITHOUT
+    # ROWID table spills past ~1 KB into overflow pages (0.86 against 1.11 bytes a sample).
+    __table_args__ = {"postgresql_partition_by": "RANGE (start_ms)"}
 
     series_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     start_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)

@@ -24,7 +24,8 @@ def upgrade() -> None:
         sa.Column("start_ms", sa.BigInteger(), primary_key=True, autoincrement=False),
         sa.Column("minutes", sa.LargeBinary(), nullable=True),
         sa.Column("data", sa.LargeBinary(), nullable=True),
-        sqlite_with_rowid=False,
+        # A rowid table on SQLite: rows of up to a page stay whole in its leaves, where a
+        # WITHOUT ROWID table spills past ~1 KB into overflow pages (store/models.py).
         postgresql_partition_by="RANGE (start_ms)",
     )
     if op.get_bind().dialect.name == "postgresql":
