@@ -92,10 +92,12 @@ def repack(rows: list[tuple[Any, ...]], hour: int) -> list[tuple[Any, ...]]:
             groups[-1].append(row)
         else:
             groups.append([row])
+    stored = [r for r in rows if r[8] is not None]
+    decoded = iter(codec.decode_many([bytes(r[8]) for r in stored], [r[1] for r in stored]))
     stats, samples = [], []
     for group in groups:
-        decoded = [codec.decode(bytes(r[8]), int(r[1])) for r in group if r[8] is not None]
-        samples.append(decoded if len(decoded) == len(group) else None)
+        mine = [next(decoded) for r in group if r[8] is not None]
+        samples.append(mine if len(mine) == len(group) else None)
         # A chunk older than migration 0004 stands at its minute's end, as the readers say.
         cols = np.array(
             [(*r[1:7], r[7] if r[7] is not None else r[1] + MINUTE_MS - 1) for r in group],
