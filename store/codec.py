@@ -317,53 +317,60 @@ def _decode_v2(blob: bytes, chunk_start_ms: int) -> tuple[np.ndarray, np.ndarray
 
 def decode_many(
     blobs: Sequence[bytes], starts: Sequence[int]
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``decode`` of many chunks (the hour pass decodes sixty a series).
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Timestamps and values of many chunks, concatenated in order, and each one's count
+    (the hour pass decodes sixty a series).
 
     Version 2 chunks with regular timestamps and a zlib value stream (most minutes) are
-    decoded together, a few numpy calls for all of them instead of a dozen each; the rest
-    one by one.
+    decoded together, chunks of one length in one numpy array; the rest one by one.
     """
-    out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(blobs)
-    fast: list[tuple[int, int, int, int, int, bytes]] = []
+    slow: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    fast: list[tuple[int, int, int, int]] = []  # index, first, step, scale
+    bodies: list[bytes] = []
+    counts = np.zeros(len(blobs), dtype=np.int64)
     for i, (blob, start) in enumerate(zip(blobs, starts, strict=True)):
         zlib_regular = len(blob) >= 4 and blob[0] == VERSION_PCO and blob[2] == _REGULAR
         if zlib_regular and blob[1] <= MAX_SCALE:
             (n, first, step), pos = _read_varints(blob, 3, 3)
-            fast.append((i, n, first + start, step, blob[1], blob[pos:]))
+            fast.append((i, first + start, step, blob[1]))
+            bodies.append(blob[pos:])
+            counts[i] = n
         else:
-            out[i] = decode(blob, start)
+            slow[i] = decode(blob, start)
+            counts[i] = len(slow[i][0])
+    offsets = np.r_[0, np.cumsum(counts)]
+    ts = np.empty(offsets[-1], dtype=np.int64)
+    values = np.empty(offsets[-1], dtype=np.float64)
+    for i, (t, v) in slow.items():
+        ts[offsets[i] : offsets[i + 1]], values[offsets[i] : offsets[i + 1]] = t, v
     if fast:
-        for i, ts, values in zip((f[0] for f in fast), *_decode_regular_zlib(fast), strict=True):
-            out[i] = (ts, values)
-    return out  # type: ignore[return-value]
+        _decode_regular_zlib(fast, bodies, counts, offsets, ts, values)
+    return ts, values, counts
 
 
 def _decode_regular_zlib(
-    chunks: list[tuple[int, int, int, int, int, bytes]],
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Timestamps and values of version 2 chunks (index, n, first, step, scale, zlib body)."""
+    fast: list[tuple[int, int, int, int]],
+    bodies: list[bytes],
+    counts: np.ndarray,
+    offsets: np.ndarray,
+    ts: np.ndarray,
+    values: np.ndarray,
+) -> None:
+    """Fill ``ts`` and ``values`` at ``offsets`` from version 2 chunks' zlib bodies."""
     try:
-        bodies = [zlib.decompress(c[5]) for c in chunks]
+        raw = [zlib.decompress(b) for b in bodies]
     except zlib.error as exc:
         raise CorruptChunk(f"chunk body does not decompress: {exc}") from None
-    n = np.array([c[1] for c in chunks], dtype=np.int64)
-    if any(len(b) != 8 * k for b, k in zip(bodies, n.tolist(), strict=True)):
+    index = np.array([f[0] for f in fast], dtype=np.int64)
+    n = counts[index]
+    if any(len(r) != 8 * k for r, k in zip(raw, n.tolist(), strict=True)):
         raise CorruptChunk("chunk body is not its count of samples")
-    raw = np.frombuffer(b"".join(bodies), dtype=np.uint8)
-    seg = np.repeat(np.arange(len(chunks)), n)
-    first_row = np.r_[0, np.cumsum(n)[:-1]]
-    within = np.arange(len(seg)) - first_row[seg]
-    # Chunk c's byte j of sample i sits at 8 * first_row[c] + j * n[c] + i (byte planes).
-    index = (8 * first_row[seg] + within)[:, None] + np.arange(8)[None, :] * n[seg][:, None]
-    deltas = _unzigzag(raw[index].copy().view(np.uint64).ravel())
-    total = np.cumsum(deltas)  # int64 wraps, and the subtraction below unwraps it exactly
-    before = np.r_[0, total[first_row[1:] - 1]] if len(chunks) > 1 else np.zeros(1, np.int64)
-    ints = total - before[seg]
-    scale = np.array([c[4] for c in chunks], dtype=np.int64)
-    values = ints.astype(np.float64) / _POW10[scale[seg]]
-    first = np.array([c[2] for c in chunks], dtype=np.int64)
-    step = np.array([c[3] for c in chunks], dtype=np.int64)
-    ts = first[seg] + step[seg] * within
-    cuts = np.cumsum(n)[:-1]
-    return np.split(ts, cuts), np.split(values, cuts)
+    first, step, scale = (np.array([f[j] for f in fast], dtype=np.int64) for j in (1, 2, 3))
+    for length in np.unique(n).tolist():  # one (chunks, 8, n) array per length: byte planes
+        pick = np.flatnonzero(n == length)
+        planes = np.frombuffer(b"".join(raw[k] for k in pick.tolist()), dtype=np.uint8)
+        stream = planes.reshape(len(pick), 8, length).transpose(0, 2, 1).copy().view(np.uint64)
+        ints = np.cumsum(_unzigzag(stream.reshape(len(pick), length)), axis=1)
+        where = offsets[index[pick]][:, None] + np.arange(length)
+        values[where] = ints.astype(np.float64) / _POW10[scale[pick]][:, None]
+        ts[where] = first[pick][:, None] + step[pick][:, None] * np.arange(length)

@@ -93,11 +93,18 @@ def repack(rows: list[tuple[Any, ...]], hour: int) -> list[tuple[Any, ...]]:
         else:
             groups.append([row])
     stored = [r for r in rows if r[8] is not None]
-    decoded = iter(codec.decode_many([bytes(r[8]) for r in stored], [r[1] for r in stored]))
-    stats, samples = [], []
+    ts, values, counts = codec.decode_many([bytes(r[8]) for r in stored], [r[1] for r in stored])
+    ends = iter(np.cumsum(counts).tolist())
+    stats: list[MinuteStats] = []
+    samples: list[tuple[np.ndarray, np.ndarray] | None] = []
+    at = 0
     for group in groups:
-        mine = [next(decoded) for r in group if r[8] is not None]
-        samples.append(mine if len(mine) == len(group) else None)
+        mine = sum(1 for r in group if r[8] is not None)
+        end = at
+        for _ in range(mine):
+            end = next(ends)
+        samples.append((ts[at:end], values[at:end]) if mine == len(group) else None)
+        at = end
         # A chunk older than migration 0004 stands at its minute's end, as the readers say.
         cols = np.array(
             [(*r[1:7], r[7] if r[7] is not None else r[1] + MINUTE_MS - 1) for r in group],
@@ -110,14 +117,14 @@ def repack(rows: list[tuple[Any, ...]], hour: int) -> list[tuple[Any, ...]]:
     return [(g[0][0], hour, p, b) for g, p, b in zip(groups, packed, blobs, strict=True)]
 
 
-def _hour_blobs(hour: int, samples: list[list | None]) -> list[bytes | None]:
-    """One codec chunk per series' hour, all encoded in one vectorised call."""
-    whole = [i for i, s in enumerate(samples) if s]
+def _hour_blobs(hour: int, samples: list[tuple[np.ndarray, np.ndarray] | None]) -> list:
+    """One codec chunk per series' hour (None: raw expired), encoded in one vectorised call."""
+    whole = [i for i, s in enumerate(samples) if s is not None]
     out: list[bytes | None] = [None] * len(samples)
     if not whole:
         return out
-    ts = [np.concatenate([t for t, _ in samples[i]]) for i in whole]  # type: ignore[union-attr]
-    vs = [np.concatenate([v for _, v in samples[i]]) for i in whole]  # type: ignore[union-attr]
+    ts = [samples[i][0] for i in whole]  # type: ignore[index]
+    vs = [samples[i][1] for i in whole]  # type: ignore[index]
     lengths = np.array([len(t) for t in ts])
     starts = np.r_[0, np.cumsum(lengths)[:-1]]
     enc = codec.encode_segments(

@@ -48,23 +48,26 @@ def _answers(store: Store, clock: Clock) -> dict[str, Any]:
     lo, hi = HOUR0 / 1000, clock.now
 
     def flat(result: Any) -> list:
-        return [(s.series.text, [(p.timestamp, p.value) for p in s.points]) for s in result.series]
+        return sorted(
+            (s.series.text, [(p.timestamp, p.value) for p in s.points]) for s in result.series
+        )
 
     out: dict[str, Any] = {"raw": flat(store.range_query(sel, lo, hi, 10))}
     for agg in (Aggregation.AVG, Aggregation.MAX, Aggregation.COUNT, Aggregation.LAST):
         out[f"1m {agg}"] = flat(store.range_query(sel, lo, hi, 60, agg))
         out[f"1h {agg}"] = flat(store.range_query(sel, lo, hi, 3600, agg))
     out["rate"] = flat(store.counter_query(parse_selector("gpu_energy_joules_total"), lo, hi, 60))
-    out["latest"] = [(v.series.text, v.timestamp, v.value) for v in store.latest(sel)]
+    out["latest"] = sorted((v.series.text, v.timestamp, v.value) for v in store.latest(sel))
     for tier in ("raw", "1m", "1h"):
         got, expired = store.select_samples(
             [m for m in _matchers()], HOUR0, int(clock.now * 1000), tier
         )
-        out[f"select {tier}"] = [
+        rows = sorted(
             (k.text, t.tolist(), v.tolist(), None if s is None else s.max.tolist())
             for k, t, v, s in got
-        ] + [expired]
-    out["labels"] = [k.text for k in store.label_sets(_matchers(), HOUR0, HOUR0 + 600_000)]
+        )
+        out[f"select {tier}"] = (rows, expired)
+    out["labels"] = sorted(k.text for k in store.label_sets(_matchers(), HOUR0, HOUR0 + 600_000))
     grid = Grid(HOUR0 + 600_000, int(clock.now * 1000), 300_000)
     for tier in ("raw", "1m"):
         for q in (
