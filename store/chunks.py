@@ -74,24 +74,40 @@ def pack_minutes(hour_ms: Sequence[int], stats: Sequence[MinuteStats]) -> list[b
 
 def unpack_minutes(blob: bytes, hour_ms: int) -> MinuteStats:
     """The statistics ``pack_minutes`` packed, minutes in time order."""
-    if len(blob) < 10 or blob[0] != FORMAT:
-        raise codec.CorruptChunk(f"unknown minute statistics format {blob[:1]!r}")
-    mask = np.uint64(int.from_bytes(blob[1:9], "little"))
-    index = np.flatnonzero(mask & _BITS)
-    n = len(index)
-    (a,), pos = codec._read_varints(blob, 9, 1)
-    ints = codec.decode(blob[pos : pos + a], 0)[1]
-    pos += a
-    (b,), pos = codec._read_varints(blob, pos, 1)
-    vals = codec.decode(blob[pos : pos + b], 0)[1]
-    sums = codec.decode(blob[pos + b :], 0)[1]
-    if len(ints) != 2 * n or len(vals) != 3 * n or len(sums) != n:
-        raise codec.CorruptChunk(f"minute statistics of {n} minutes do not add up")
-    start = hour_ms + index.astype(np.int64) * MINUTE_MS
-    return MinuteStats(
-        start, ints[:n].astype(np.int64), vals[:n], vals[n : 2 * n], sums, vals[2 * n :],
-        start + ints[n:].astype(np.int64),
-    )  # fmt: skip
+    table = unpack_many([blob], [hour_ms])
+    ints = table[:, [START, COUNT, LAST_MS]].astype(np.int64)
+    return MinuteStats(ints[:, 0], ints[:, 1], *table[:, MIN : LAST + 1].T, ints[:, 2])
+
+
+def unpack_many(
+    blobs: Sequence[bytes], hours_ms: Sequence[int], series_ids: Sequence[int] | None = None
+) -> np.ndarray:
+    """The minutes of many packed hours as one ``minute_stats`` table, in the blobs' order,
+    every codec chunk of them decoded in one ``decode_many``."""
+    parts: list[bytes] = []
+    masks = np.zeros(len(blobs), dtype=np.uint64)
+    for i, blob in enumerate(blobs):
+        if len(blob) < 10 or blob[0] != FORMAT:
+            raise codec.CorruptChunk(f"unknown minute statistics format {blob[:1]!r}")
+        masks[i] = int.from_bytes(blob[1:9], "little")
+        (a,), pos = codec._read_varints(blob, 9, 1)
+        (b,), mid = codec._read_varints(blob, pos + a, 1)
+        parts += [blob[pos : pos + a], blob[mid : mid + b], blob[mid + b :]]
+    present = (masks[:, None] & _BITS[None, :]) != 0
+    n = present.sum(axis=1)
+    _, flat, counts = codec.decode_many(parts, [0] * len(parts))
+    if not np.array_equal(counts.reshape(-1, 3), n[:, None] * np.array([2, 3, 1])):
+        raise codec.CorruptChunk("minute statistics do not add up to their minutes")
+    offsets = np.r_[0, np.cumsum(counts)][:-1].reshape(-1, 3)
+    row, minute = np.nonzero(present)
+    within = np.arange(len(row)) - np.repeat(np.r_[0, np.cumsum(n)[:-1]], n)
+    at_ints, at_vals, at_sums = (offsets[row, k] + within for k in range(3))
+    start = np.asarray(hours_ms, dtype=np.int64)[row] + minute * MINUTE_MS
+    sid = np.zeros(len(row)) if series_ids is None else np.asarray(series_ids, np.float64)[row]
+    return np.column_stack((
+        sid, start, flat[at_ints], flat[at_vals], flat[at_vals + n[row]],
+        flat[at_sums], flat[at_vals + 2 * n[row]], start + flat[at_ints + n[row]],
+    ))  # fmt: skip
 
 
 def chunk_blobs(conn: Any, ids: Sequence[int], lo: int, hi: int) -> Iterator[tuple[int, int, Any]]:
@@ -133,17 +149,17 @@ def minute_stats(conn: Any, ids: Sequence[int], lo: int, hi: int) -> np.ndarray:
         ).all()
         if rows:
             parts.append(np.array([tuple(r) for r in rows], dtype=np.float64))
-        for sid, start_ms, blob in conn.execute(
+        hours = conn.execute(
             text(
                 "SELECT series_id, start_ms, minutes FROM samples_hour "
                 f"WHERE {where} AND minutes IS NOT NULL"
             ),
             {"lo": floor(lo, HOUR_MS), "hi": hi},
-        ):
-            s = unpack_minutes(bytes(blob), int(start_ms))
-            cols = (s.start_ms, s.count, s.min, s.max, s.sum, s.last, s.last_ms)
-            table = np.column_stack([np.full(len(s.start_ms), float(sid)), *cols])
-            parts.append(table[(s.start_ms >= lo) & (s.start_ms < hi)])
+        ).all()
+        if hours:
+            sids, starts, blobs = zip(*hours, strict=True)
+            table = unpack_many([bytes(b) for b in blobs], starts, sids)
+            parts.append(table[(table[:, START] >= lo) & (table[:, START] < hi)])
     if not parts:
         return np.zeros((0, 8))
     table = np.concatenate(parts)
