@@ -65,10 +65,10 @@ def latency_finding(
     r50 = p50 / base50 if base50 > 0 else float("nan")
     step = labels.get("phase") == STEP_PHASE
     what = "p99 step time" if step else "p99"
-    summary = (
-        f"{what} of {key} {ratio:.1f}x its baseline ({_secs(p99)} vs {_secs(base)}); "
-        f"p50 {r50:.1f}x its baseline"
-    )
+    now = f"{ratio:.1f}x its baseline ({_secs(p99)} vs {_secs(base)})"
+    if ratio < ep.peak / 1.25:  # easing off: the figure a reader acts on is the peak
+        now = f"peaked {ep.peak:.1f}x its baseline, now {now}"
+    summary = f"{what} of {key} {now}; p50 {r50:.1f}x its baseline"
     severity = Severity.CRITICAL if ep.peak >= limits.critical_ratio else Severity.WARNING
     return make_finding(
         kind=FindingKind.STEP_TIME_REGRESSION if step else FindingKind.P99_REGRESSION,

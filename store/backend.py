@@ -1,8 +1,8 @@
 """What SQLite and PostgreSQL do differently: bulk writes, upserts, partitions.
 
 Everything else in the store is dialect-neutral SQLAlchemy.  The hot paths go to the DBAPI
-connection directly (``executemany`` on SQLite, binary ``COPY`` on PostgreSQL), because the
-write path has to keep within 0.7 of what the driver alone can do.
+connection directly (``executemany``), because the write path has to keep within 0.7 of
+what the driver alone can do.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from typing import Protocol
 from sqlalchemy import Connection, text
 
 DAY_MS = 86_400_000
-HeadRow = tuple[int, int, float]
+#: one ``samples_head_batch`` row: minute_ms, n, and the ts, series_id, value blobs
+HeadBatchRow = tuple[int, int, bytes, bytes, bytes]
+
+_HEAD_COLUMNS = "minute_ms, n, ts, series_id, value"
 
 _CHUNK_COLUMNS = "series_id, start_ms, count, min, max, sum, last, data, last_ms"
 _ROLLUP_COLUMNS = "series_id, start_ms, count, min, max, sum, last, last_ms"
@@ -24,8 +27,8 @@ _HOUR_COLUMNS = "series_id, start_ms, minutes, data"
 class Backend(Protocol):
     name: str
 
-    def insert_head(self, conn: Connection, rows: Sequence[HeadRow]) -> int:
-        """Insert samples, ignoring ones already stored; return how many were new."""
+    def insert_head(self, conn: Connection, rows: Sequence[HeadBatchRow]) -> None:
+        """Append head batch rows (``store/head.py``: duplicates are left out before)."""
 
     def write_chunks(self, conn: Connection, rows: Sequence[tuple], replace: bool) -> None:
         """Insert chunk rows (or replace them, for merges of late samples)."""
@@ -53,13 +56,12 @@ def _dbapi(conn: Connection):  # type: ignore[no-untyped-def]
 class SqliteBackend:
     name = "sqlite"
 
-    def insert_head(self, conn: Connection, rows: Sequence[HeadRow]) -> int:
+    def insert_head(self, conn: Connection, rows: Sequence[HeadBatchRow]) -> None:
         cur = _dbapi(conn).cursor()
         try:
             cur.executemany(
-                "INSERT OR IGNORE INTO samples_head (ts, series_id, value) VALUES (?, ?, ?)", rows
+                f"INSERT INTO samples_head_batch ({_HEAD_COLUMNS}) VALUES (?, ?, ?, ?, ?)", rows
             )
-            return cur.rowcount
         finally:
             cur.close()
 
@@ -128,37 +130,12 @@ def partition_name(day_start_ms: int, table: str = "samples_chunk") -> str:
 class PostgresBackend:
     name = "postgresql"
 
-    def insert_head(self, conn: Connection, rows: Sequence[HeadRow]) -> int:
-        import psycopg
-
-        raw = _dbapi(conn)
-        try:
-            with raw.transaction(), raw.cursor() as cur:
-                self._copy(cur, "samples_head", rows)
-            return len(rows)
-        except psycopg.errors.UniqueViolation:
-            pass  # a retried write: take the slow, idempotent path
-        with raw.cursor() as cur:
-            cur.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS head_staging "
-                "(ts bigint, series_id bigint, value double precision) ON COMMIT DELETE ROWS"
+    def insert_head(self, conn: Connection, rows: Sequence[HeadBatchRow]) -> None:
+        with _dbapi(conn).cursor() as cur:  # %b: the blobs go binary, not hex-escaped
+            cur.executemany(
+                f"INSERT INTO samples_head_batch ({_HEAD_COLUMNS}) VALUES (%s, %s, %b, %b, %b)",
+                rows,
             )
-            self._copy(cur, "head_staging", rows)
-            cur.execute(
-                "INSERT INTO samples_head (ts, series_id, value) "
-                "SELECT DISTINCT ON (ts, series_id) ts, series_id, value FROM head_staging "
-                "ON CONFLICT DO NOTHING"
-            )
-            inserted = cur.rowcount
-            cur.execute("TRUNCATE head_staging")
-            return inserted
-
-    @staticmethod
-    def _copy(cur, table: str, rows: Sequence[HeadRow]) -> None:  # type: ignore[no-untyped-def]
-        with cur.copy(f"COPY {table} (ts, series_id, value) FROM STDIN (FORMAT BINARY)") as cp:
-            cp.set_types(["int8", "int8", "float8"])
-            for row in rows:
-                cp.write_row(row)
 
     def write_chunks(self, conn: Connection, rows: Sequence[tuple], replace: bool) -> None:
         conflict = (

@@ -18,8 +18,8 @@ from sqlalchemy import Engine, text
 HeadRow = tuple[int, int, float]
 
 _TABLES = (
-    "series", "samples_head", "samples_chunk", "samples_hour", "rollup_1h", "store_state",
-    "devices",
+    "series", "samples_head_batch", "samples_chunk", "samples_hour", "rollup_1h",
+    "store_state", "devices",
 )  # fmt: skip
 
 
@@ -92,7 +92,8 @@ def bytes_at_rest(engine: Engine, *, vacuum: bool = False) -> dict[str, int]:
     """
     if vacuum and engine.dialect.name == "postgresql":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            for table in ("samples_head", "rollup_1h", "samples_chunk", "samples_hour", "series"):
+            tables = ("samples_head_batch", "rollup_1h", "samples_chunk", "samples_hour", "series")
+            for table in tables:
                 conn.execute(text(f"VACUUM FULL {table}"))
     with engine.connect() as conn:
         if engine.dialect.name == "sqlite":

@@ -19,7 +19,7 @@ import numpy as np
 from sqlalchemy import Engine, text
 
 from hbmwatch.settings import StoreSettings
-from hbmwatch.store import codec
+from hbmwatch.store import codec, head
 from hbmwatch.store.backend import DAY_MS, Backend
 from hbmwatch.store.guard import guarded
 from hbmwatch.store.hours import Hours, hour_rows, merge_late
@@ -41,6 +41,7 @@ class _Minute:
     """One head minute, compacted but not yet stored: its rows for each table."""
 
     samples: int
+    head_samples: int  # as read, duplicates included: a write landing meanwhile changes it
     chunks: list[tuple[Any, ...]]
     merged: list[tuple[Any, ...]]
     hours: list[tuple[Any, ...]]
@@ -48,8 +49,8 @@ class _Minute:
 
 
 def _head_rows(conn: Any, lo: int) -> int:
-    count = "SELECT count(*) FROM samples_head WHERE ts >= :lo AND ts < :hi"
-    return int(conn.execute(text(count), {"lo": lo, "hi": lo + MINUTE_MS}).scalar_one())
+    count = "SELECT coalesce(sum(n), 0) FROM samples_head_batch WHERE minute_ms = :lo"
+    return int(conn.execute(text(count), {"lo": lo}).scalar_one())
 
 
 @guarded
@@ -88,7 +89,8 @@ class Compaction(Hours):
             # the lock is taken to store the result, after checking no write landed in that
             # minute meanwhile (a late sample): then the minute is prepared again under it.
             with self.engine.connect() as conn:
-                oldest = conn.execute(text("SELECT min(ts) FROM samples_head")).scalar()
+                oldest_sql = "SELECT min(minute_ms) FROM samples_head_batch"
+                oldest = conn.execute(text(oldest_sql)).scalar()
                 if oldest is not None and oldest < target:
                     lo = floor(int(oldest), MINUTE_MS)
                     watermark = read_watermark(conn)
@@ -102,11 +104,8 @@ class Compaction(Hours):
                     break
                 # A late minute is prepared again under the lock: the hour pass may have
                 # re-packed its chunks meanwhile (another process's).
-                if (
-                    lo < watermark
-                    or read_watermark(conn) != watermark
-                    or _head_rows(conn, lo) != prepared.samples
-                ):
+                moved = _head_rows(conn, lo) != prepared.head_samples
+                if lo < watermark or read_watermark(conn) != watermark or moved:
                     watermark = read_watermark(conn)
                     prepared = self._prepare_minute(conn, lo, watermark)
                 self._apply_minute(conn, lo, prepared)
@@ -122,21 +121,9 @@ class Compaction(Hours):
 
     def _prepare_minute(self, conn: Any, lo: int, watermark: int) -> _Minute:
         """The chunk, merge and rollup rows of the head's minute starting at ``lo``."""
-        raw = conn.connection.driver_connection
-        cur = raw.cursor()
-        placeholder = "?" if self.backend.name == "sqlite" else "%s"
-        cur.execute(
-            f"SELECT ts, series_id, value FROM samples_head WHERE ts >= {placeholder} "
-            f"AND ts < {placeholder}",
-            (lo, lo + MINUTE_MS),
-        )
-        fetched = cur.fetchall()
-        cur.close()
-        data = np.array(fetched, dtype=np.float64).reshape(-1, 3)
-        ts = data[:, 0].astype(np.int64)
-        sid = data[:, 1].astype(np.int64)
-        values = data[:, 2]
-        order = np.lexsort((ts, sid))
+        ts, sid, values = head.read(conn, lo, lo + MINUTE_MS, dedupe=False)
+        read = len(ts)
+        order = head.first_written(ts, sid)  # sorted by series, time; duplicates dropped
         ts, sid, values = ts[order], sid[order], values[order]
         starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
         seg_sid = sid[starts]
@@ -193,7 +180,7 @@ class Compaction(Hours):
                 if into_hour is not None:
                     hour_chunks.append(into_hour[0])
                     rollup_rows.append((s, hour, *into_hour[1]))
-        return _Minute(len(ts), chunk_rows, merged_rows, rollup_rows, hour_chunks)
+        return _Minute(len(ts), read, chunk_rows, merged_rows, rollup_rows, hour_chunks)
 
     def _apply_minute(self, conn: Any, lo: int, minute: _Minute) -> None:
         """Store a prepared minute and take its samples out of the head."""
@@ -202,10 +189,7 @@ class Compaction(Hours):
         self.backend.merge_rollup_1h(conn, minute.hours)
         if minute.hour_chunks:
             self.backend.write_hours(conn, minute.hour_chunks)
-        conn.execute(
-            text("DELETE FROM samples_head WHERE ts >= :lo AND ts < :hi"),
-            {"lo": lo, "hi": lo + MINUTE_MS},
-        )
+        conn.execute(text("DELETE FROM samples_head_batch WHERE minute_ms = :lo"), {"lo": lo})
 
     @staticmethod
     def _merge_late(
@@ -264,9 +248,11 @@ class Compaction(Hours):
                 ),
                 {"cutoff": raw_cutoff},
             ).rowcount
-            head = conn.execute(
-                text("DELETE FROM samples_head WHERE ts < :cutoff"), {"cutoff": raw_cutoff}
-            ).rowcount
+            # whole head minutes: one that straddles the cutoff goes with its compaction
+            old_head = {"cutoff": floor(raw_cutoff, MINUTE_MS)}
+            old_sum = "SELECT coalesce(sum(n), 0) FROM samples_head_batch WHERE minute_ms < :cutoff"
+            head_rows = conn.execute(text(old_sum), old_head).scalar_one()
+            conn.execute(text("DELETE FROM samples_head_batch WHERE minute_ms < :cutoff"), old_head)
             minute = self.backend.drop_minute_tier_before(conn, minute_cutoff)
             hour_chunks = self._expire_hours(conn, raw_cutoff, minute_cutoff)
             hour = conn.execute(
@@ -278,7 +264,7 @@ class Compaction(Hours):
             ).rowcount
         return {
             "raw_chunks_expired": raw or 0,
-            "head_rows_deleted": head or 0,
+            "head_rows_deleted": int(head_rows),
             "minute_rows_deleted": minute,
             "hour_rows_deleted": hour or 0,
             **hour_chunks,

@@ -81,11 +81,20 @@ class RecentSamples:
         if not rows:
             return
         table = np.array(rows, dtype=np.float64)
-        sids = table[:, 1].astype(np.int64)
+        self.append_columns(table[:, 0].astype(np.int64), table[:, 1].astype(np.int64), table[:, 2])
+
+    def append_columns(self, ts: np.ndarray, sids: np.ndarray, values: np.ndarray) -> None:
+        """``append`` of rows already in columns (times in ms, series ids, values)."""
+        if not len(sids):
+            return
         keep = self._watched(sids)
         if not keep.any():
             return
-        block = SampleBlock(sids[keep], table[keep, 0].astype(np.int64), table[keep, 2])
+        block = (
+            SampleBlock(sids, ts, values)
+            if keep.all()
+            else SampleBlock(sids[keep], ts[keep], values[keep])
+        )
         self._chunks.append((self.next_seq, block))
         self.next_seq += len(block)
         self._held += len(block)

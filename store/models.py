@@ -2,8 +2,11 @@
 
 Samples live in two places:
 
-* ``samples_head``: the newest minutes, one row per sample, keyed (ts, series_id) so every
-  write appends at the end of the B-tree (about five times faster than (series_id, ts)).
+* ``samples_head_batch``: the newest minutes, one row per write batch and minute: the
+  batch's ``n`` samples of that minute as three raw little-endian arrays (``ts`` uint16 ms
+  after ``minute_ms``, ``series_id`` uint32 or int64, ``value`` float64), ``seq`` in write
+  order.  One row per batch instead of one per sample makes a write one INSERT of a few
+  blobs (store/head.py).
 * ``samples_chunk``: one row per series and closed minute, holding the minute's statistics
   (count, min, max, sum, last) -- the 1-minute rollup tier -- and the compressed raw samples
   (``data``, set to NULL when raw retention ends).  On PostgreSQL it is partitioned by day.
@@ -51,13 +54,19 @@ class Series(Base):
     created_ms: Mapped[int] = mapped_column(BigInteger)
 
 
-class HeadSample(Base):
-    __tablename__ = "samples_head"
-    __table_args__ = {"sqlite_with_rowid": False}
+class HeadBatch(Base):
+    """One write batch's samples of one minute; readers dedupe by (series, ts), lowest seq
+    first (store/head.py)."""
 
-    ts: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    series_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    value: Mapped[float] = mapped_column(Double)
+    __tablename__ = "samples_head_batch"
+    __table_args__ = (Index("ix_samples_head_batch_minute", "minute_ms"),)
+
+    seq: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    minute_ms: Mapped[int] = mapped_column(BigInteger)
+    n: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[bytes] = mapped_column(LargeBinary)
+    series_id: Mapped[bytes] = mapped_column(LargeBinary)
+    value: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Chunk(Base):

@@ -20,7 +20,7 @@ from hbmwatch.query import Aggregation, Selector
 from hbmwatch.records import Point, SeriesKey, SeriesPoints
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store import aggregate as agg_math
-from hbmwatch.store import codec
+from hbmwatch.store import codec, head
 from hbmwatch.store.aggregate import Partials
 from hbmwatch.store.chunks import by_series, chunk_blobs, minute_stats
 from hbmwatch.store.guard import guarded
@@ -32,7 +32,6 @@ from hbmwatch.store.tiers import (
     MINUTE_MS,
     batches,
     floor,
-    head_samples,
     in_list,
     read_watermark,
 )
@@ -215,7 +214,7 @@ class Queries:
         return out
 
     def _head_rows(self, conn: Any, ids: list[int], lo: int, hi: int) -> dict[int, tuple]:
-        return head_samples(conn, ids, lo, hi)
+        return head.head_samples(conn, ids, lo, hi)
 
     def _raw_samples(
         self, ids: list[int], lo: int, hi: int
@@ -328,22 +327,8 @@ class Queries:
 
     @staticmethod
     def _newest_head(conn: Any, ids: list[int], since: int) -> dict[int, tuple[int, float]]:
-        """The newest head row of each series since ``since``: one row per series comes back,
-        not every sample of the lookback."""
-        newest: dict[int, tuple[int, float]] = {}
-        for batch in batches(ids):
-            where = f"ts >= :lo AND series_id IN ({in_list(batch)})"
-            sql = (
-                # SQLite takes a bare column from the row that holds the MAX.
-                f"SELECT series_id, MAX(ts), value FROM samples_head WHERE {where} "
-                "GROUP BY series_id"
-                if conn.dialect.name == "sqlite"
-                else f"SELECT DISTINCT ON (series_id) series_id, ts, value FROM samples_head "
-                f"WHERE {where} ORDER BY series_id, ts DESC"
-            )
-            for sid, ts, value in conn.execute(text(sql), {"lo": since}):
-                newest[int(sid)] = (int(ts), float(value))
-        return newest
+        """The newest head sample of each series since ``since``."""
+        return head.newest(conn, ids, since)
 
     def select_samples(
         self, matchers: Sequence[Matcher], lo: int, hi: int, tier: str = "raw"

@@ -151,8 +151,13 @@ class RemoteStore(Store):
         self.reader.raw([_one_of(NAME_LABEL, {"hbmwatch_ping"})], now - 1000, now)
 
     # -- writes ------------------------------------------------------------------------------
-    def _store_rows(self, rows: list[tuple[int, int, float]], result: WriteResult) -> WriteResult:
-        rows = self._checked(rows, result)
+    def _store_rows(
+        self,
+        rows: list[tuple[int, int, float]],
+        result: WriteResult,
+        table: np.ndarray | None = None,
+    ) -> WriteResult:
+        rows = self._checked(rows, result, table)
         step = self.settings.remote.max_samples_per_request
         for at in range(0, len(rows), step):
             self._send(rows[at : at + step], result)

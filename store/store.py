@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, select, text
 from sqlalchemy.dialects import postgresql, sqlite
@@ -38,6 +39,7 @@ from hbmwatch.store.feed import RecentSamples
 from hbmwatch.store.findings import FindingLog
 from hbmwatch.store.guard import StoreUnavailable as StoreUnavailable  # re-exported for callers
 from hbmwatch.store.guard import guard, guarded
+from hbmwatch.store.head import NewestWritten
 from hbmwatch.store.models import Device as DeviceRow
 from hbmwatch.store.models import StoreState
 from hbmwatch.store.queries import MAX_POINTS_PER_SERIES as MAX_POINTS_PER_SERIES
@@ -92,6 +94,8 @@ class Store(Writing, Compaction, Watching, Queries):
         self._watermark = 0
         self._watermark_read_at = -math.inf
         self._watched_metrics: frozenset[str] = frozenset()
+        self._newest_written = NewestWritten()
+        self._known_mask = (0, np.zeros(0, dtype=bool))
         self._wants: Callable[[SeriesKey], bool] | None = None
         self.feed = RecentSamples(settings.recent_samples, self._is_watched)
         self.findings = FindingLog(engine)

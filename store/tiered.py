@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 from sqlalchemy import text
 
+from hbmwatch.store import head
 from hbmwatch.store.chunks import by_series, minute_stats
 from hbmwatch.store.tiers import (
     HOUR_MS,
     MINUTE_MS,
     batches,
     floor,
-    head_samples,
     in_list,
     read_watermark,
 )
@@ -76,7 +76,7 @@ def _head(conn: Any, ids: list[int], lo: int, hi: int) -> dict[int, TierSamples]
     """Head samples in ``[lo, hi]``, each its own statistics."""
     return {
         sid: TierSamples(t, v, np.ones(len(v)), v, v, v)
-        for sid, (t, v) in head_samples(conn, ids, lo, hi + 1).items()
+        for sid, (t, v) in head.head_samples(conn, ids, lo, hi + 1).items()
     }
 
 
@@ -114,7 +114,7 @@ def series_with_samples(conn: Any, ids: list[int], lo: int, hi: int) -> set[int]
     """
     found: set[int] = set()
     tiers = (("rollup_1h", "start_ms", HOUR_MS), ("samples_hour", "start_ms", HOUR_MS),
-             ("samples_chunk", "start_ms", MINUTE_MS), ("samples_head", "ts", 1))  # fmt: skip
+             ("samples_chunk", "start_ms", MINUTE_MS))  # fmt: skip
     for table, column, width in tiers:
         rest = [i for i in ids if i not in found]
         for batch in batches(rest):
@@ -128,4 +128,5 @@ def series_with_samples(conn: Any, ids: list[int], lo: int, hi: int) -> set[int]
                     {"lo": floor(lo, width), "hi": hi},
                 )
             )
+    found |= head.series_in(conn, [i for i in ids if i not in found], lo, hi)
     return found

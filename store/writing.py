@@ -10,7 +10,11 @@ the ``WriteResult``; nothing already accepted is lost.
   (``future``).  Older than raw retention: rejected (``too_old``).
 * Out-of-order samples inside retention: accepted; a minute already compacted is merged.
 * Duplicates (same series and timestamp): ignored, so a retried write never duplicates; the
-  first value written wins, as in Prometheus.
+  first value written wins, as in Prometheus.  A sample newer than the newest this process
+  wrote of its series is taken without a lookup; an older one is looked up in the head
+  batches of its minute and, below the compaction watermark, in the chunks.  Across two
+  processes writing one series both may count a sample as accepted; readers and compaction
+  still keep only the first written (store/head.py).
 * A negative value of a counter: rejected (``negative_counter``).
 * Unknown metric names, undeclared labels or values: rejected (``unknown_metric``,
   ``invalid_labels``).  A new series past a cardinality cap: rejected (``cardinality``).
@@ -18,6 +22,7 @@ the ``WriteResult``; nothing already accepted is lost.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import threading
@@ -25,11 +30,12 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from sqlalchemy import Engine
 
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.settings import StoreSettings
-from hbmwatch.store import codec
+from hbmwatch.store import codec, head
 from hbmwatch.store.backend import DAY_MS, Backend
 from hbmwatch.store.chunks import chunk_blobs
 from hbmwatch.store.feed import RecentSamples
@@ -46,13 +52,21 @@ from hbmwatch.validation import (
     UnknownMetric,
 )
 
-_TIMESTAMP_OF_ROW, _SID_OF_ROW, _VALUE = (operator.itemgetter(i) for i in range(3))
+_TIMESTAMP_OF_ROW = operator.itemgetter(0)
 _REASONS = {
     UnknownMetric: "unknown_metric",
     InvalidLabels: "invalid_labels",
     InvalidName: "invalid_labels",
     CardinalityExceeded: "cardinality",
 }
+
+
+def _columns(rows: Sequence[tuple[int, int, float]]) -> np.ndarray:
+    """``(timestamp_ms, series_id, value)`` rows as one (n, 3) float64 array: ms times and
+    ids are exact below 2**53, and ``fromiter`` over the flattened rows is 2.5x cheaper
+    than ``np.array`` of the tuples."""
+    flat = np.fromiter(itertools.chain.from_iterable(rows), np.float64, 3 * len(rows))
+    return flat.reshape(-1, 3)
 
 
 @guarded
@@ -62,8 +76,9 @@ class Writing:
     Relies on: ``engine``, ``settings``, ``backend``, ``series_registry``, ``metrics``,
     ``feed``, ``now_ms``; the lock ``_write_lock`` (shared with compaction), the cache of
     prepared ``_partition_days``, the cached watermark (``_watermark``,
-    ``_watermark_read_at``; compaction clears the latter) and ``_watched_metrics`` (the feed
-    is fed only while something is watched).
+    ``_watermark_read_at``; compaction clears the latter), ``_watched_metrics`` (the feed
+    is fed only while something is watched), ``_newest_written`` (store/head.py) and
+    ``_known_mask`` (the resolved ids, as of a registry size).
     """
 
     engine: Engine
@@ -78,6 +93,8 @@ class Writing:
     _watermark: int
     _watermark_read_at: float
     _watched_metrics: frozenset[str]
+    _newest_written: head.NewestWritten
+    _known_mask: tuple[int, np.ndarray]
 
     def resolve(self, keys: Iterable[SeriesKey]) -> dict[SeriesKey, int | HbmwatchError]:
         """Series ids for ``keys``, registering new series; a key that fails maps to its error.
@@ -104,15 +121,40 @@ class Writing:
     def write_rows(self, rows: Sequence[tuple[int, int, float]]) -> WriteResult:
         """Store ``(timestamp_ms, series_id, value)`` rows whose ids came from ``resolve``."""
         result = WriteResult(received=len(rows))
-        known = self.series_registry.keys
-        if not known.keys() >= set(map(_SID_OF_ROW, rows)):
+        table = _columns(rows)
+        if not self._all_known(table[:, 1]):
+            known = self.series_registry.keys
             rows = [
                 r
                 for r in rows
                 if r[1] in known
                 or result.reject("unknown_series", f"series id {r[1]} was never resolved here")
             ]
-        return self._store_rows(rows, result)
+            table = _columns(rows)
+        return self._store_rows(rows, result, table)
+
+    def _all_known(self, sids: np.ndarray) -> bool:
+        """Whether every id was resolved here: one mask lookup, not a set of the batch."""
+        known = self.series_registry.keys
+        seen, mask = self._known_mask
+        if seen != len(known):  # the registry only appends: take in the ids added since
+            try:
+                added = np.fromiter(itertools.islice(known, seen, None), np.int64)
+            except RuntimeError:  # another thread is registering series right now
+                return known.keys() >= set(sids.astype(np.int64).tolist())
+            top = int(added.max()) + 1 if len(added) else 0
+            if top > len(mask):
+                mask = np.r_[mask, np.zeros(max(top, 2 * len(mask)) - len(mask), dtype=bool)]
+            mask[added] = True
+            self._known_mask = (seen + len(added), mask)
+        if not len(sids):
+            return True
+        return bool(
+            sids.min() >= 0
+            and sids.max() < len(mask)
+            and (sids == np.floor(sids)).all()
+            and mask[sids.astype(np.int64)].all()
+        )
 
     def _rows_registering(
         self, batch: list[Sample], result: WriteResult
@@ -129,21 +171,62 @@ class Writing:
                 result.reject(_REASONS.get(type(error), "invalid"), str(error))
         return rows
 
-    def _store_rows(self, rows: list[tuple[int, int, float]], result: WriteResult) -> WriteResult:
-        rows = self._checked(rows, result)
-        if rows:
+    def _store_rows(
+        self,
+        rows: list[tuple[int, int, float]],
+        result: WriteResult,
+        table: np.ndarray | None = None,
+    ) -> WriteResult:
+        table = _columns(rows) if table is None else table
+        checked = self._checked(rows, result, table)
+        if checked:
+            rows = checked
+            if len(rows) != len(table):
+                table = _columns(rows)
             with _unavailable():
                 self._prepare_partitions(rows)
                 with self._write_lock:
                     with self.engine.begin() as conn:
-                        fresh = self._drop_compacted_duplicates(conn, rows)
-                        inserted = self.backend.insert_head(conn, fresh) if fresh else 0
-                    if self._watched_metrics:
-                        self.feed.append(fresh)
-            result.accepted = inserted
-            result.duplicates = len(rows) - inserted
+                        fresh = (
+                            self._drop_compacted_duplicates(conn, rows)
+                            if table[:, 0].min() < self._cached_watermark(conn)
+                            else rows
+                        )
+                        if fresh is not rows:
+                            table = _columns(fresh)
+                        stored = self._insert_head(conn, table) if fresh else None
+                    if stored is not None and self._watched_metrics:
+                        self.feed.append_columns(*stored)
+            result.accepted = len(stored[0]) if stored is not None else 0
+            result.duplicates = len(checked) - result.accepted
         self._count(result)
         return result
+
+    def _insert_head(
+        self, conn: Any, table: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Store the rows (``_columns``) not in the head yet, the first of any repeated;
+        return them as columns (times, series ids, values), or None when none was new."""
+        ts, sids, values = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64), table[:, 2]
+        newest = self._newest_written
+        if not newest.loaded:
+            newest.load(conn, self._cached_watermark(conn))
+        before = newest.of(sids)
+        unique = newest.distinct(sids)  # each series once, the common case: no repeats
+        keep = np.ones(len(ts), dtype=bool)
+        if not unique:
+            keep[:] = False
+            keep[head.first_written(ts, sids)] = True
+        suspect = np.flatnonzero(keep & (ts <= before))
+        if len(suspect):
+            keep[suspect[head.already_stored(conn, ts[suspect], sids[suspect])]] = False
+        if not keep.all():
+            if not keep.any():
+                return None
+            ts, sids, values = ts[keep], sids[keep], values[keep]
+        self.backend.insert_head(conn, head.batch_rows(ts, sids, values))
+        newest.update(ts, sids, unique)
+        return ts, sids, values
 
     def _bounds(self) -> tuple[int, int]:
         now = self.now_ms()
@@ -153,24 +236,28 @@ class Writing:
         )
 
     def _checked(
-        self, rows: list[tuple[int, int, float]], result: WriteResult
+        self,
+        rows: list[tuple[int, int, float]],
+        result: WriteResult,
+        table: np.ndarray | None = None,
     ) -> list[tuple[int, int, float]]:
         """The rows that pass; each one that does not is rejected with its reason.
 
-        A batch with nothing wrong is checked by builtins over whole columns, with no
-        Python-level branch per sample; only a batch with a suspect goes row by row.
+        A batch with nothing wrong is checked over whole columns (``table``: ``_columns`` of
+        the rows), with no Python-level branch per sample; only a batch with a suspect goes
+        row by row.
         """
         if not rows:
             return rows
         oldest, newest = self._bounds()
-        stamps = list(map(_TIMESTAMP_OF_ROW, rows))
-        values = list(map(_VALUE, rows))
+        table = _columns(rows) if table is None else table
+        stamps, values = table[:, 0], table[:, 2]
         counters = self.series_registry.counter_ids
         if (
-            min(stamps) >= oldest
-            and max(stamps) <= newest
-            and math.isfinite(sum(values))
-            and (min(values) >= 0 or not any(r[2] < 0 and r[1] in counters for r in rows))
+            stamps.min() >= oldest
+            and stamps.max() <= newest
+            and np.isfinite(values).all()
+            and (values.min() >= 0 or not any(r[2] < 0 and r[1] in counters for r in rows))
         ):
             return rows
         isfinite = math.isfinite

@@ -162,7 +162,7 @@ def test_existing_minute_chunks_are_repacked_after_migration(store_url: str, clo
         config = alembic_config()
         with engine.begin() as conn:  # back to a store before hour chunks, minute rows kept
             config.attributes["connection"] = conn
-            command.downgrade(config, "0005")
+            command.downgrade(config, "0006")
         upgrade(engine)
     finally:
         engine.dispose()
