@@ -40,6 +40,8 @@ from hbmwatch.store.tiers import (
 
 #: the store_state row: hours before this instant (epoch ms) have been re-packed
 HOURS_PACKED = "hours_packed_until_ms"
+#: hours one compaction pass re-packs at most (a migrated store's backlog takes several)
+HOURS_PER_PASS = 6
 _ALL_SERIES = "series_id IN (SELECT id FROM series)"  # keeps SQLite's range scans indexed
 
 
@@ -202,11 +204,13 @@ class Hours:
     now_ms: Callable[[], int]
     _write_lock: threading.Lock
 
-    def repack_hours(self) -> int:
-        """Re-pack every hour the watermark (less the grace) has closed; returns series-hours."""
+    def repack_hours(self, max_hours: int = HOURS_PER_PASS) -> int:
+        """Re-pack the hours the watermark (less the grace) has closed, at most ``max_hours``
+        of them (a store's backlog clears over several passes, the minute pass running
+        between them); returns the series-hours stored."""
         grace = int(self.settings.compaction_grace_seconds * 1000)
         stored = 0
-        while True:
+        for _ in range(max_hours):
             with self.engine.connect() as conn:
                 done = read_packed_until(conn)
                 limit = floor(read_watermark(conn) - grace, HOUR_MS)
@@ -226,6 +230,7 @@ class Hours:
                 stored += self._repack_batch(batch, hour)
             with self._write_lock, self.engine.begin() as conn:
                 write_state(conn, HOURS_PACKED, hour + HOUR_MS)
+        return stored
 
     def _repack_batch(self, ids: list[int], hour: int) -> int:
         with self.engine.connect() as conn:

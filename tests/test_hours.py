@@ -168,7 +168,8 @@ def test_existing_minute_chunks_are_repacked_after_migration(store_url: str, clo
         engine.dispose()
     store = make_store(store_url, clock)
     try:
-        assert store.compact().hours == 6
+        assert store.repack_hours(max_hours=1) == 2  # a backlog clears a few hours a pass
+        assert store.compact().hours == 4
         assert _answers(store, clock) == before
     finally:
         store.close()
