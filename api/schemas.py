@@ -341,3 +341,4 @@ class CompactionOut(BaseModel):
     samples: int
     chunks: int
     merged: int
+    hours: int = Field(0, description="Series-hours re-packed from minute into hour chunks.")

@@ -316,7 +316,10 @@ def bytes_per_sample(url: str, gpus: int, minutes: int) -> dict[str, Any]:
         "samples": written,
         "bytes": sizes,
         "bytes_per_sample": total / written,
-        "sample_bytes_per_sample": (sizes["samples_chunk"] + sizes["samples_head_batch"]) / written,
+        "sample_bytes_per_sample": (
+            sizes["samples_chunk"] + sizes.get("samples_hour", 0) + sizes["samples_head_batch"]
+        )
+        / written,
         "compaction_samples_per_second": report.samples / compact_s,
     }
 

@@ -21,6 +21,7 @@ _HEAD_COLUMNS = "minute_ms, n, ts, series_id, value"
 
 _CHUNK_COLUMNS = "series_id, start_ms, count, min, max, sum, last, data, last_ms"
 _ROLLUP_COLUMNS = "series_id, start_ms, count, min, max, sum, last, last_ms"
+_HOUR_COLUMNS = "series_id, start_ms, minutes, data"
 
 
 class Backend(Protocol):
@@ -40,6 +41,12 @@ class Backend(Protocol):
 
     def drop_minute_tier_before(self, conn: Connection, cutoff_ms: int) -> int:
         """Delete 1-minute rows (and raw chunks) older than ``cutoff_ms``."""
+
+    def write_hours(self, conn: Connection, rows: Sequence[tuple]) -> None:
+        """Insert or replace ``samples_hour`` rows (series_id, start_ms, minutes, data)."""
+
+    def drop_hour_partitions_before(self, conn: Connection, cutoff_ms: int) -> int:
+        """Drop whole days of ``samples_hour`` older than ``cutoff_ms`` (PostgreSQL only)."""
 
 
 def _dbapi(conn: Connection):  # type: ignore[no-untyped-def]
@@ -98,10 +105,26 @@ class SqliteBackend:
         )
         return result.rowcount or 0
 
+    def write_hours(self, conn: Connection, rows: Sequence[tuple]) -> None:
+        cur = _dbapi(conn).cursor()
+        try:
+            cur.executemany(
+                f"INSERT OR REPLACE INTO samples_hour ({_HOUR_COLUMNS}) VALUES (?, ?, ?, ?)", rows
+            )
+        finally:
+            cur.close()
 
-def partition_name(day_start_ms: int) -> str:
+    def drop_hour_partitions_before(self, conn: Connection, cutoff_ms: int) -> int:
+        return 0
+
+
+#: the tables PostgreSQL partitions by day of ``start_ms``
+PARTITIONED = ("samples_chunk", "samples_hour")
+
+
+def partition_name(day_start_ms: int, table: str = "samples_chunk") -> str:
     day = dt.datetime.fromtimestamp(day_start_ms / 1000, tz=dt.UTC)
-    return f"samples_chunk_p{day:%Y%m%d}"
+    return f"{table}_p{day:%Y%m%d}"
 
 
 class PostgresBackend:
@@ -150,47 +173,64 @@ class PostgresBackend:
             "SELECT pg_advisory_xact_lock(hashtextextended('hbmwatch partitions:' "
             "|| current_schema(), 0))"
         ))  # fmt: skip
-        existing = {
-            row[0]
-            for row in conn.execute(
-                text(
-                    "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                    "WHERE i.inhparent = 'samples_chunk'::regclass"
-                )
-            )
-        }
-        day = first_ms - first_ms % DAY_MS
-        while day <= last_ms:
-            name = partition_name(day)
-            if name not in existing:
-                conn.execute(
-                    text(
-                        f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF samples_chunk "
-                        f"FOR VALUES FROM ({day}) TO ({day + DAY_MS})"
+        for table in PARTITIONED:
+            existing = set(_partitions(conn, table))
+            day = first_ms - first_ms % DAY_MS
+            while day <= last_ms:
+                name = partition_name(day, table)
+                if name not in existing:
+                    conn.execute(
+                        text(
+                            f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF {table} "
+                            f"FOR VALUES FROM ({day}) TO ({day + DAY_MS})"
+                        )
                     )
-                )
-            day += DAY_MS
+                day += DAY_MS
 
     def drop_minute_tier_before(self, conn: Connection, cutoff_ms: int) -> int:
-        dropped = 0
-        rows = conn.execute(
-            text(
-                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
-                "WHERE i.inhparent = 'samples_chunk'::regclass "
-                "AND c.relname LIKE 'samples_chunk_p%'"
-            )
-        ).all()
-        for (name,) in rows:
-            day = dt.datetime.strptime(name[len("samples_chunk_p") :], "%Y%m%d").replace(
-                tzinfo=dt.UTC
-            )
-            if int(day.timestamp() * 1000) + DAY_MS <= cutoff_ms:
-                conn.execute(text(f"DROP TABLE {name}"))
-                dropped += 1
+        dropped = _drop_days_before(conn, "samples_chunk", cutoff_ms)
         result = conn.execute(
             text("DELETE FROM samples_chunk WHERE start_ms < :cutoff"), {"cutoff": cutoff_ms}
         )
         return dropped + (result.rowcount or 0)
+
+    def write_hours(self, conn: Connection, rows: Sequence[tuple]) -> None:
+        with _dbapi(conn).cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO samples_hour ({_HOUR_COLUMNS}) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (series_id, start_ms) DO UPDATE SET minutes = excluded.minutes, "
+                "data = excluded.data",
+                rows,
+            )
+
+    def drop_hour_partitions_before(self, conn: Connection, cutoff_ms: int) -> int:
+        return _drop_days_before(conn, "samples_hour", cutoff_ms)
+
+
+def _partitions(conn: Connection, table: str) -> dict[str, int]:
+    """The day partitions of ``table``, by name, with the day each starts (epoch ms)."""
+    rows = conn.execute(
+        text(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = CAST(:table AS regclass) AND c.relname LIKE :prefix"
+        ),
+        {"table": table, "prefix": f"{table}_p%"},
+    ).all()
+    out = {}
+    for (name,) in rows:
+        day = dt.datetime.strptime(name[len(table) + 2 :], "%Y%m%d").replace(tzinfo=dt.UTC)
+        out[name] = int(day.timestamp() * 1000)
+    return out
+
+
+def _drop_days_before(conn: Connection, table: str, cutoff_ms: int) -> int:
+    """Drop the day partitions of ``table`` that end at or before ``cutoff_ms``."""
+    dropped = 0
+    for name, day in _partitions(conn, table).items():
+        if day + DAY_MS <= cutoff_ms:
+            conn.execute(text(f"DROP TABLE {name}"))
+            dropped += 1
+    return dropped
 
 
 def backend_for(dialect_name: str) -> Backend:

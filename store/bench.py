@@ -17,7 +17,10 @@ from sqlalchemy import Engine, text
 
 HeadRow = tuple[int, int, float]
 
-_TABLES = ("series", "samples_head_batch", "samples_chunk", "rollup_1h", "store_state", "devices")
+_TABLES = (
+    "series", "samples_head_batch", "samples_chunk", "samples_hour", "rollup_1h",
+    "store_state", "devices",
+)  # fmt: skip
 
 
 class SqliteCeiling:
@@ -89,7 +92,8 @@ def bytes_at_rest(engine: Engine, *, vacuum: bool = False) -> dict[str, int]:
     """
     if vacuum and engine.dialect.name == "postgresql":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            for table in ("samples_head_batch", "rollup_1h", "samples_chunk", "series"):
+            tables = ("samples_head_batch", "rollup_1h", "samples_chunk", "samples_hour", "series")
+            for table in tables:
                 conn.execute(text(f"VACUUM FULL {table}"))
     with engine.connect() as conn:
         if engine.dialect.name == "sqlite":
@@ -130,21 +134,24 @@ def chunk_rows_bytes(rows: Sequence[tuple[Any, ...]], columns: int) -> int:
     """Bytes SQLite takes for ``rows`` in a table of ``samples_chunk``'s layout.
 
     ``columns`` 9 is the real layout (series_id, start_ms, count, min, max, sum, last, data,
-    last_ms); 3 is (series_id, start_ms, data), a chunk without its minute statistics.  The
-    codec benchmark measures chunk formats with this instead of migrating a store per format.
+    last_ms); 3 is (series_id, start_ms, data), a chunk without its minute statistics; 4 is
+    ``samples_hour``'s (series_id, start_ms, minutes, data).  The codec benchmark measures
+    chunk formats with this instead of migrating a store per format.
     """
     names = _CHUNK_LAYOUTS[columns]
     conn = sqlite3.connect(":memory:")
     try:
+        rowid = "" if columns == 4 else " WITHOUT ROWID"  # as store/models.py declares them
         conn.execute(
-            f"CREATE TABLE chunk ({', '.join(names)}, PRIMARY KEY (series_id, start_ms)) "
-            "WITHOUT ROWID"
+            f"CREATE TABLE chunk ({', '.join(names)}, PRIMARY KEY (series_id, start_ms)){rowid}"
         )
         marks = ", ".join("?" * columns)
         conn.executemany(f"INSERT INTO chunk VALUES ({marks})", rows)
         conn.commit()
         conn.execute("VACUUM")
-        (size,) = conn.execute("SELECT sum(pgsize) FROM dbstat WHERE name = 'chunk'").fetchone()
+        (size,) = conn.execute(  # the table, and its key's index when it has rowids
+            "SELECT sum(pgsize) FROM dbstat WHERE name IN ('chunk', 'sqlite_autoindex_chunk_1')"
+        ).fetchone()
         return int(size)
     finally:
         conn.close()
@@ -163,4 +170,5 @@ _CHUNK_LAYOUTS = {
         "last_ms INTEGER",
     ),
     3: ("series_id INTEGER NOT NULL", "start_ms INTEGER NOT NULL", "data BLOB"),
+    4: ("series_id INTEGER NOT NULL", "start_ms INTEGER NOT NULL", "minutes BLOB", "data BLOB"),
 }

@@ -1,9 +1,10 @@
 """Compaction and retention: closed minutes leave the head for chunks and rollups, then expire.
 
 Compaction moves each closed minute of the head into one encoded chunk per series and folds
-it into the hourly rollup, merging late samples into chunks already written; the watermark
-moves with the data, in the same transaction.  Retention drops raw sample data, minute rows
-and hour rows, each after its own retention.
+it into the hourly rollup, merging late samples into chunks already written (a minute chunk,
+or the hour chunk its hour was re-packed into); the watermark moves with the data, in the
+same transaction.  Then the hour pass (``store/hours.py``) re-packs closed hours.  Retention
+drops raw sample data, minute statistics and hour rows, each after its own retention.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hbmwatch.settings import StoreSettings
 from hbmwatch.store import codec, head
 from hbmwatch.store.backend import DAY_MS, Backend
 from hbmwatch.store.guard import guarded
+from hbmwatch.store.hours import Hours, hour_rows, merge_late
 from hbmwatch.store.results import CompactionReport, StoreMetrics
 from hbmwatch.store.tiers import (
     HOUR_MS,
@@ -43,6 +45,7 @@ class _Minute:
     chunks: list[tuple[Any, ...]]
     merged: list[tuple[Any, ...]]
     hours: list[tuple[Any, ...]]
+    hour_chunks: list[tuple[Any, ...]]
 
 
 def _head_rows(conn: Any, lo: int) -> int:
@@ -51,7 +54,7 @@ def _head_rows(conn: Any, lo: int) -> int:
 
 
 @guarded
-class Compaction:
+class Compaction(Hours):
     """Compaction and retention for ``Store``, a mixin over the attributes it sets.
 
     Relies on: ``engine``, ``settings``, ``backend``, ``metrics``, ``now_ms``, ``get_state``;
@@ -74,8 +77,10 @@ class Compaction:
         value = self.get_state(WATERMARK)
         return int(value) if value is not None else 0
 
-    def compact(self, now_ms: int | None = None) -> CompactionReport:
-        """Move closed minutes from the head into chunks and fold them into the tiers."""
+    def compact(self, now_ms: int | None = None, *, hours: bool = True) -> CompactionReport:
+        """Move closed minutes from the head into chunks and fold them into the tiers; then
+        re-pack closed hours into hour chunks (``hours`` False leaves them in minute chunks:
+        the tests and benchmarks compare the two)."""
         now = self.now_ms() if now_ms is None else now_ms
         target = floor(now - int(self.settings.compaction_grace_seconds * 1000), MINUTE_MS)
         minutes = samples = chunks = merged = 0
@@ -97,8 +102,10 @@ class Compaction:
                         write_watermark(conn, target)
                         self._watermark_read_at = -math.inf
                     break
+                # A late minute is prepared again under the lock: the hour pass may have
+                # re-packed its chunks meanwhile (another process's).
                 moved = _head_rows(conn, lo) != prepared.head_samples
-                if read_watermark(conn) != watermark or moved:
+                if lo < watermark or read_watermark(conn) != watermark or moved:
                     watermark = read_watermark(conn)
                     prepared = self._prepare_minute(conn, lo, watermark)
                 self._apply_minute(conn, lo, prepared)
@@ -109,7 +116,8 @@ class Compaction:
             minutes, samples = minutes + 1, samples + prepared.samples
             chunks, merged = chunks + len(prepared.chunks) + m, merged + m
         self.metrics.compacted.inc(samples)
-        return CompactionReport(minutes, samples, chunks, merged)
+        repacked = self.repack_hours() if hours else 0
+        return CompactionReport(minutes, samples, chunks, merged, repacked)
 
     def _prepare_minute(self, conn: Any, lo: int, watermark: int) -> _Minute:
         """The chunk, merge and rollup rows of the head's minute starting at ``lo``."""
@@ -121,7 +129,10 @@ class Compaction:
         seg_sid = sid[starts]
 
         existing: dict[int, tuple[Any, ...]] = {}
-        if lo < watermark:  # late samples: their minute may already have a chunk
+        packed: dict[int, tuple[Any, ...]] = {}
+        hour = floor(lo, HOUR_MS)
+        if lo < watermark:  # late samples: their minute may already be in a chunk
+            packed = hour_rows(conn, seg_sid.tolist(), hour)
             for batch in batches(seg_sid.tolist()):
                 for row in conn.execute(
                     text(
@@ -132,11 +143,12 @@ class Compaction:
                 ):
                     existing[int(row[0])] = tuple(row)
 
-        fresh_segments = [i for i, s in enumerate(seg_sid.tolist()) if s not in existing]
+        fresh_segments = [
+            i for i, s in enumerate(seg_sid.tolist()) if s not in existing and s not in packed
+        ]
         ends = np.r_[starts[1:], len(ts)]
         chunk_rows: list[tuple[Any, ...]] = []
-        hour_rows: list[tuple[Any, ...]] = []
-        hour = floor(lo, HOUR_MS)
+        rollup_rows: list[tuple[Any, ...]] = []
         if fresh_segments:
             pick = np.concatenate([np.arange(starts[i], ends[i]) for i in fresh_segments])
             sub_starts = np.r_[0, np.cumsum(ends[fresh_segments] - starts[fresh_segments])[:-1]]
@@ -153,23 +165,30 @@ class Compaction:
                     float(enc.last[j]),
                 )
                 chunk_rows.append((int(seg_sid[i]), lo, *stats, enc.blobs[j], int(last_ts[j])))
-                hour_rows.append((int(seg_sid[i]), hour, *stats, int(last_ts[j])))
+                rollup_rows.append((int(seg_sid[i]), hour, *stats, int(last_ts[j])))
         merged_rows: list[tuple[Any, ...]] = []
+        hour_chunks: list[tuple[Any, ...]] = []
         for i, s in enumerate(seg_sid.tolist()):
+            late_ts, late_values = ts[starts[i] : ends[i]], values[starts[i] : ends[i]]
             if s in existing:
-                merged = self._merge_late(
-                    existing[s], lo, ts[starts[i] : ends[i]], values[starts[i] : ends[i]]
-                )
+                merged = self._merge_late(existing[s], lo, late_ts, late_values)
                 if merged is not None:
                     merged_rows.append((s, lo, *merged[0]))
-                    hour_rows.append((s, hour, *merged[1]))
-        return _Minute(len(ts), read, chunk_rows, merged_rows, hour_rows)
+                    rollup_rows.append((s, hour, *merged[1]))
+            elif s in packed:
+                into_hour = merge_late(packed[s], lo, late_ts, late_values)
+                if into_hour is not None:
+                    hour_chunks.append(into_hour[0])
+                    rollup_rows.append((s, hour, *into_hour[1]))
+        return _Minute(len(ts), read, chunk_rows, merged_rows, rollup_rows, hour_chunks)
 
     def _apply_minute(self, conn: Any, lo: int, minute: _Minute) -> None:
         """Store a prepared minute and take its samples out of the head."""
         self.backend.write_chunks(conn, minute.chunks, replace=False)
         self.backend.write_chunks(conn, minute.merged, replace=True)
         self.backend.merge_rollup_1h(conn, minute.hours)
+        if minute.hour_chunks:
+            self.backend.write_hours(conn, minute.hour_chunks)
         conn.execute(text("DELETE FROM samples_head_batch WHERE minute_ms = :lo"), {"lo": lo})
 
     @staticmethod
@@ -235,6 +254,7 @@ class Compaction:
             head_rows = conn.execute(text(old_sum), old_head).scalar_one()
             conn.execute(text("DELETE FROM samples_head_batch WHERE minute_ms < :cutoff"), old_head)
             minute = self.backend.drop_minute_tier_before(conn, minute_cutoff)
+            hour_chunks = self._expire_hours(conn, raw_cutoff, minute_cutoff)
             hour = conn.execute(
                 text(
                     "DELETE FROM rollup_1h WHERE series_id IN (SELECT id FROM series) "
@@ -247,4 +267,5 @@ class Compaction:
             "head_rows_deleted": int(head_rows),
             "minute_rows_deleted": minute,
             "hour_rows_deleted": hour or 0,
+            **hour_chunks,
         }

@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from hbmwatch.resources import data_dir
 
-_PARTITION = re.compile(r"^samples_chunk_(p\d{8}|default)$")
+_PARTITION = re.compile(r"^samples_(chunk|hour)_(p\d{8}|default)$")
 
 
 def include_name(name: str | None, type_: str, parent_names: dict) -> bool:  # type: ignore[type-arg]

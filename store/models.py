@@ -10,6 +10,10 @@ Samples live in two places:
 * ``samples_chunk``: one row per series and closed minute, holding the minute's statistics
   (count, min, max, sum, last) -- the 1-minute rollup tier -- and the compressed raw samples
   (``data``, set to NULL when raw retention ends).  On PostgreSQL it is partitioned by day.
+* ``samples_hour``: one row per series and closed hour, once compaction has re-packed that
+  hour's minute chunks (``store/hours.py``): the minute statistics packed into one blob
+  (``minutes``) and the hour's raw samples in one chunk (``data``).  Each series' minute is
+  in exactly one of the two tables; readers take both (``store/chunks.py``).
 
 ``rollup_1h`` holds the hourly tier.  ``store_state`` keeps watermarks, so a restarted store
 carries on where it stopped.
@@ -82,6 +86,20 @@ class Chunk(Base):
     data: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     #: the time of the minute's last sample (NULL in chunks older than migration 0004)
     last_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class HourChunk(Base):
+    __tablename__ = "samples_hour"
+    # A rowid table on SQLite: its leaves take rows of up to a page whole, where a WITHOUT
+    # ROWID table spills past ~1 KB into overflow pages (0.86 against 1.11 bytes a sample).
+    __table_args__ = {"postgresql_partition_by": "RANGE (start_ms)"}
+
+    series_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    start_ms: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    #: the hour's minute statistics, packed (``store/chunks.py``); NULL past 1-minute retention
+    minutes: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    #: the hour's raw samples, one codec chunk; NULL past raw retention
+    data: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 
 class Rollup1h(Base):

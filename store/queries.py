@@ -22,6 +22,7 @@ from hbmwatch.settings import StoreSettings
 from hbmwatch.store import aggregate as agg_math
 from hbmwatch.store import codec, head
 from hbmwatch.store.aggregate import Partials
+from hbmwatch.store.chunks import by_series, chunk_blobs, minute_stats
 from hbmwatch.store.guard import guarded
 from hbmwatch.store.registry import SeriesRegistry
 from hbmwatch.store.results import LatestValue, QueryResult
@@ -221,20 +222,12 @@ class Queries:
         parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         expired = False
         with self.engine.connect() as conn:
-            for batch in batches(ids):
-                for sid, start_ms, blob in conn.execute(
-                    text(
-                        "SELECT series_id, start_ms, data FROM samples_chunk WHERE series_id IN "
-                        f"({in_list(batch)}) AND start_ms >= :lo AND start_ms < :hi "
-                        "ORDER BY series_id, start_ms"
-                    ),
-                    {"lo": floor(lo, MINUTE_MS), "hi": hi},
-                ):
-                    if blob is None:
-                        expired = True
-                        continue
-                    t, v = codec.decode(bytes(blob), int(start_ms))
-                    parts.setdefault(int(sid), []).append((t, v))
+            for sid, start_ms, blob in chunk_blobs(conn, ids, lo, hi):
+                if blob is None:
+                    expired = True
+                    continue
+                t, v = codec.decode(bytes(blob), int(start_ms))
+                parts.setdefault(int(sid), []).append((t, v))
             for sid, pair in self._head_rows(conn, ids, lo, hi).items():
                 parts.setdefault(sid, []).append(pair)
         out = {}
@@ -260,7 +253,10 @@ class Queries:
                 self._collect_partials(conn, "rollup_1h", ids, lo, hour_end, parts)
                 minute_lo = max(lo, hour_end)
             minute_end = min(watermark, hi)
-            self._collect_partials(conn, "samples_chunk", ids, minute_lo, minute_end, parts)
+            table = minute_stats(conn, ids, minute_lo, minute_end)
+            for sid, block in by_series(table):
+                ints = block[:, [1, 2]].astype(np.int64)
+                parts.setdefault(sid, []).append(Partials(ints[:, 0], ints[:, 1], *block[:, 3:7].T))
             head_lo = max(minute_lo, minute_end)
             for sid, (t, v) in self._head_rows(conn, ids, head_lo, hi).items():
                 parts.setdefault(sid, []).append(Partials.of_samples(t, v))
@@ -318,22 +314,11 @@ class Queries:
         with self.engine.connect() as conn:
             newest = self._newest_head(conn, ids, since)
             missing = [sid for sid in ids if sid not in newest]
-            for batch in batches(missing):
-                for sid, start_ms, last, blob in conn.execute(
-                    text(
-                        "SELECT series_id, start_ms, last, data FROM samples_chunk WHERE "
-                        f"series_id IN ({in_list(batch)}) AND start_ms >= :lo "
-                        "ORDER BY series_id, start_ms"
-                    ),
-                    {"lo": floor(since, MINUTE_MS)},
-                ):
-                    ts = (
-                        int(codec.decode(bytes(blob), int(start_ms))[0][-1])
-                        if blob
-                        else int(start_ms)
-                    )
-                    if ts >= since:
-                        newest[int(sid)] = (ts, float(last))
+            table = minute_stats(conn, missing, floor(since, MINUTE_MS), 2**62)
+            for sid, block in by_series(table):
+                ts, last = int(block[-1, 7]), float(block[-1, 6])
+                if ts >= since:
+                    newest[sid] = (ts, last)
         return [
             LatestValue(key, newest[sid][0] / 1000, newest[sid][1])
             for sid, key in found

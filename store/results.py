@@ -61,6 +61,8 @@ class CompactionReport:
     samples: int = 0
     chunks: int = 0
     merged: int = 0
+    #: series' hours re-packed from minute chunks into hour chunks (``store/hours.py``)
+    hours: int = 0
 
 
 class StoreMetrics:

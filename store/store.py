@@ -5,6 +5,8 @@ the attributes its constructor sets:
 
 * ``store/writing.py``: the write path and the bad input policy (what is rejected, why);
 * ``store/compaction.py``: closed minutes into chunks and rollups, and retention;
+* ``store/hours.py``: closed hours of minute chunks re-packed into hour chunks;
+* ``store/chunks.py``: chunks read from both tables, the packed minute statistics;
 * ``store/watching.py``: the detectors' feed (``watch``, ``read_new``);
 * ``store/queries.py``: series, range and counter queries, latest values;
 * ``store/results.py``: what they return, and the store's own metrics;

@@ -16,6 +16,7 @@ import numpy as np
 from sqlalchemy import text
 
 from hbmwatch.store import head
+from hbmwatch.store.chunks import by_series, minute_stats
 from hbmwatch.store.tiers import (
     HOUR_MS,
     MINUTE_MS,
@@ -47,14 +48,13 @@ class TierSamples:
 _FIELDS = ("times", "values", "count", "min", "max", "sum")
 
 
-def _rows(conn: Any, table: str, ids: list[int], lo: int, hi: int) -> dict[int, TierSamples]:
-    hourly = table == "rollup_1h"
-    stamp = "last_ms" if hourly else f"COALESCE(last_ms, start_ms + {MINUTE_MS - 1})"
+def _hours(conn: Any, ids: list[int], lo: int, hi: int) -> dict[int, TierSamples]:
+    """Hourly rollups starting in ``[lo, hi)``, each at its last sample's time."""
     out: dict[int, list[TierSamples]] = {}
     for batch in batches(ids):
         rows = conn.execute(
             text(
-                f"SELECT series_id, {stamp}, last, count, min, max, sum FROM {table} "
+                "SELECT series_id, last_ms, last, count, min, max, sum FROM rollup_1h "
                 f"WHERE series_id IN ({in_list(batch)}) AND start_ms >= :lo AND start_ms < :hi "
                 "ORDER BY series_id, start_ms"
             ),
@@ -87,12 +87,14 @@ def read_tiers(conn: Any, ids: list[int], lo: int, hi: int, *, hourly: bool) -> 
     minute_lo = floor(lo, MINUTE_MS)
     if hourly:
         hour_end = min(floor(watermark, HOUR_MS), hi + 1)
-        for sid, got in _rows(conn, "rollup_1h", ids, floor(lo, HOUR_MS), hour_end).items():
+        for sid, got in _hours(conn, ids, floor(lo, HOUR_MS), hour_end).items():
             parts.setdefault(sid, []).append(got)
         minute_lo = max(minute_lo, hour_end)
     minute_end = min(watermark, hi + 1)
-    for sid, got in _rows(conn, "samples_chunk", ids, minute_lo, minute_end).items():
-        parts.setdefault(sid, []).append(got)
+    for sid, block in by_series(minute_stats(conn, ids, minute_lo, minute_end)):
+        parts.setdefault(sid, []).append(
+            TierSamples(block[:, 7].astype(np.int64), *block[:, [6, 2, 3, 4, 5]].T)
+        )
     for sid, got in _head(conn, ids, max(lo, minute_end), hi).items():
         parts.setdefault(sid, []).append(got)
     out = {}
@@ -105,13 +107,14 @@ def read_tiers(conn: Any, ids: list[int], lo: int, hi: int, *, hourly: bool) -> 
 
 
 def series_with_samples(conn: Any, ids: list[int], lo: int, hi: int) -> set[int]:
-    """Which of ``ids`` hold a sample in ``[lo, hi]``: by hourly rollup, then minute chunk,
-    then head, each asked only about the series not found yet.
+    """Which of ``ids`` hold a sample in ``[lo, hi]``: by hourly rollup, then hour chunk,
+    minute chunk and head, each asked only about the series not found yet.
 
     Whole hours and minutes count, as Prometheus' answers count whole chunks and blocks.
     """
     found: set[int] = set()
-    tiers = (("rollup_1h", "start_ms", HOUR_MS), ("samples_chunk", "start_ms", MINUTE_MS))
+    tiers = (("rollup_1h", "start_ms", HOUR_MS), ("samples_hour", "start_ms", HOUR_MS),
+             ("samples_chunk", "start_ms", MINUTE_MS))  # fmt: skip
     for table, column, width in tiers:
         rest = [i for i in ids if i not in found]
         for batch in batches(rest):

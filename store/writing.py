@@ -31,18 +31,19 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store import codec, head
 from hbmwatch.store.backend import DAY_MS, Backend
+from hbmwatch.store.chunks import chunk_blobs
 from hbmwatch.store.feed import RecentSamples
 from hbmwatch.store.guard import guarded
 from hbmwatch.store.guard import unavailable as _unavailable
 from hbmwatch.store.registry import SeriesRegistry
 from hbmwatch.store.results import StoreMetrics, WriteResult
-from hbmwatch.store.tiers import MINUTE_MS, batches, floor, in_list, read_watermark
+from hbmwatch.store.tiers import floor, read_watermark
 from hbmwatch.validation import (
     CardinalityExceeded,
     HbmwatchError,
@@ -279,25 +280,17 @@ class Writing:
         if min(map(_TIMESTAMP_OF_ROW, rows)) >= watermark:
             return rows
         late = [r for r in rows if r[0] < watermark]
-        wanted: dict[tuple[int, int], set[int]] = {}
+        wanted: dict[int, set[int]] = {}
         for ts, sid, _ in late:
-            wanted.setdefault((sid, floor(ts, MINUTE_MS)), set()).add(ts)
+            wanted.setdefault(sid, set()).add(ts)
         stored: set[tuple[int, int]] = set()
-        sids = sorted({sid for sid, _ in wanted})
-        lo = min(m for _, m in wanted)
-        hi = max(m for _, m in wanted)
-        for batch in batches(sids):
-            for sid, start_ms, blob in conn.execute(
-                text(
-                    "SELECT series_id, start_ms, data FROM samples_chunk WHERE series_id IN "
-                    f"({in_list(batch)}) AND start_ms >= :lo AND start_ms <= :hi"
-                ),
-                {"lo": lo, "hi": hi},
-            ):
-                ts_wanted = wanted.get((int(sid), int(start_ms)))
-                if ts_wanted and blob is not None:
-                    present = codec.decode(bytes(blob), int(start_ms))[0]
-                    stored.update((int(sid), int(t)) for t in present if int(t) in ts_wanted)
+        lo = min(map(_TIMESTAMP_OF_ROW, late))
+        hi = max(map(_TIMESTAMP_OF_ROW, late)) + 1
+        for sid, start_ms, blob in chunk_blobs(conn, sorted(wanted), lo, hi):
+            ts_wanted = wanted[int(sid)]
+            if blob is not None:
+                present = codec.decode(bytes(blob), int(start_ms))[0].tolist()
+                stored.update((int(sid), t) for t in present if t in ts_wanted)
         if not stored:
             return rows
         return [r for r in rows if r[0] >= watermark or (r[1], r[0]) not in stored]

@@ -13,8 +13,12 @@ router = APIRouter(prefix="/api/v1/admin", tags=["admin"], responses=ERROR_RESPO
 
 @router.post("/compact", response_model=CompactionOut)
 def compact(store: StoreDep, _: ScopeAdmin) -> CompactionOut:
-    """Compact every closed minute into chunks and rollups now."""
+    """Compact every closed minute into chunks and rollups now, and re-pack closed hours."""
     report = store.compact()
     return CompactionOut(
-        minutes=report.minutes, samples=report.samples, chunks=report.chunks, merged=report.merged
+        minutes=report.minutes,
+        samples=report.samples,
+        chunks=report.chunks,
+        merged=report.merged,
+        hours=report.hours,
     )
