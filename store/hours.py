@@ -219,12 +219,13 @@ class Hours:
                          "AND start_ms >= :done AND start_ms < :limit"),
                     {"done": done, "limit": limit},
                 ).scalar()  # fmt: skip
-                ids = [int(i) for (i,) in conn.execute(text("SELECT id FROM series ORDER BY id"))]
-            if first is None:
+            if first is None:  # the usual answer: no closed hour left (read every compaction)
                 if limit > done:
                     with self._write_lock, self.engine.begin() as conn:
                         write_state(conn, HOURS_PACKED, limit)
                 return stored
+            with self.engine.connect() as conn:
+                ids = [int(i) for (i,) in conn.execute(text("SELECT id FROM series ORDER BY id"))]
             hour = floor(int(first), HOUR_MS)
             for batch in batches(ids):
                 stored += self._repack_batch(batch, hour)
