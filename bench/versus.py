@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,12 +82,20 @@ def inference_fleet_toml(gpus: int) -> str:
     return _scenario_toml({"name": "versus", "duration": "24h", "seed": 5, "racks": racks})
 
 
-def _window(spec: VersusSpec, pid: int, progress: Progress, stage: str) -> tuple[float, ...]:
-    """Warm up, then the measured window: (start, end, CPU-s of ``pid`` in it)."""
+def _window(
+    spec: VersusSpec,
+    pid: int,
+    progress: Progress,
+    stage: str,
+    count: Callable[[], float] = lambda: 0.0,
+) -> tuple[float, float, float, float]:
+    """Warm up, then the measured window: (start, end, CPU-s of ``pid`` in it, how much
+    ``count`` grew in it): the samples are counted over the very span the CPU is."""
     _tick(f"{stage}: warm-up", spec.warmup_s, progress)
-    before, start = cpu_seconds(pid), time.time()
+    counted, before, start = count(), cpu_seconds(pid), time.time()
     _tick(f"{stage}: measuring", spec.seconds, progress)
-    return start, time.time(), cpu_seconds(pid) - before
+    cpu, end = cpu_seconds(pid) - before, time.time()
+    return start, end, cpu, count() - counted
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
@@ -135,7 +144,7 @@ def hbmwatch_phase(folder: Path, spec: VersusSpec, targets: Path, progress: Prog
         collector = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log_file)
     try:
         wait_for(lambda: _any_stored(url), "hbmwatch's first samples")
-        start, end, cpu = _window(spec, collector.pid, progress, "H  hbmwatch")
+        start, end, cpu, _ = _window(spec, collector.pid, progress, "H  hbmwatch")
     finally:
         collector.terminate()
         collector.wait(timeout=120)
@@ -250,9 +259,8 @@ def prometheus_phase(folder: Path, spec: VersusSpec, targets: list[dict[str, Any
     config = prometheus_config(targets, spec.interval_s)
     with PrometheusServer(folder, config=config, extra=["--web.enable-admin-api"]) as prom:
         wait_for(lambda: appended(prom) > 0, "Prometheus' first samples")
-        before = appended(prom)
-        start, end, cpu = _window(spec, prom.pid, progress, "P  Prometheus")
-        samples = appended(prom) - before
+        start, end, cpu, samples = _window(spec, prom.pid, progress, "P  Prometheus",
+                                           count=lambda: appended(prom))  # fmt: skip
         window = f"[{int((end - start) * 1000)}ms]"
         page = query(prom, f"sum(sum_over_time(scrape_samples_scraped{window}))", at=end)
         kept = query(prom, f"avg(count_over_time(up{window}))", at=end)

@@ -38,7 +38,9 @@ def test_tiny_fleet_both_systems_measured_on_the_same_pages(tmp_path: Path) -> N
     assert ours["targets"] == report["targets"]
     assert ours["stored_total"] >= ours["samples"] and ours["written"] >= ours["samples"]
     assert ours["bytes_per_sample_day"] <= ours["bytes_per_sample"]
-    assert prom["page_samples"] < prom["samples"]  # the rest: up and scrape_* series
+    # Prometheus stores each page sample and 5 series of its own a target, counted over the
+    # same 4 s as its CPU (4 or 5 rounds either way); not over the warm-up too (7 rounds).
+    assert 0.6 < prom["samples"] / prom["page_samples"] < 1.4
     assert set(report["ratios"]) >= {"cpu_per_sample_stored", "cpu_per_page_sample"}
 
 
