@@ -118,10 +118,6 @@ class SqliteBackend:
         return 0
 
 
-#: the tables PostgreSQL partitions by day of ``start_ms``
-PARTITIONED = ("samples_chunk", "samples_hour")
-
-
 def partition_name(day_start_ms: int, table: str = "samples_chunk") -> str:
     day = dt.datetime.fromtimestamp(day_start_ms / 1000, tz=dt.UTC)
     return f"{table}_p{day:%Y%m%d}"
@@ -173,7 +169,12 @@ class PostgresBackend:
             "SELECT pg_advisory_xact_lock(hashtextextended('hbmwatch partitions:' "
             "|| current_schema(), 0))"
         ))  # fmt: skip
-        for table in PARTITIONED:
+        self._create_days(conn, first_ms, last_ms, ("samples_chunk",))
+
+    def _create_days(
+        self, conn: Connection, first_ms: int, last_ms: int, tables: Sequence[str]
+    ) -> None:
+        for table in tables:
             existing = set(_partitions(conn, table))
             day = first_ms - first_ms % DAY_MS
             while day <= last_ms:
@@ -195,6 +196,16 @@ class PostgresBackend:
         return dropped + (result.rowcount or 0)
 
     def write_hours(self, conn: Connection, rows: Sequence[tuple]) -> None:
+        # An hour's day partition is made when its first hour is re-packed, not ahead for the
+        # whole retention window as the minute table's are: a young store holds no empty ones.
+        days = {int(r[1]) - int(r[1]) % DAY_MS for r in rows}
+        made = set(_partitions(conn, "samples_hour").values())
+        if not days <= made:
+            conn.execute(text(
+                "SELECT pg_advisory_xact_lock(hashtextextended('hbmwatch partitions:' "
+                "|| current_schema(), 0))"
+            ))  # fmt: skip
+            self._create_days(conn, min(days - made), max(days - made), ("samples_hour",))
         with _dbapi(conn).cursor() as cur:
             cur.executemany(
                 f"INSERT INTO samples_hour ({_HOUR_COLUMNS}) VALUES (%s, %s, %s, %s) "

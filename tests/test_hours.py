@@ -91,6 +91,18 @@ def _table_rows(store: Store, table: str) -> int:
         return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
 
 
+def _hour_partitions(store: Store) -> int | None:
+    """PostgreSQL's day partitions of ``samples_hour`` (None on SQLite)."""
+    if store.backend.name != "postgresql":
+        return None
+    with store.engine.connect() as conn:
+        return int(conn.execute(text(
+            "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = CAST('samples_hour' AS regclass) "
+            "AND c.relname LIKE 'samples_hour_p%'"
+        )).scalar_one())  # fmt: skip
+
+
 @pytest.fixture
 def filled(store_url: str, clock: Clock) -> Store:
     clock.advance(HALF_HOUR)
@@ -111,8 +123,10 @@ def test_repacked_hours_answer_as_minute_chunks(filled: Store, clock: Clock) -> 
         before = _answers(store, clock)
         assert all(before.values()) and len(before["raw"][0][1]) > 3 * 360
         minute_rows = _table_rows(store, "samples_chunk")
+        assert _hour_partitions(store) in (None, 0)  # none made ahead: a young store's
         report = store.compact()
         assert report.hours == 3 * 3  # three closed hours of three series
+        assert _hour_partitions(store) in (None, 1, 2)  # the days of those hours
         assert _table_rows(store, "samples_hour") == 9
         assert _table_rows(store, "samples_chunk") < minute_rows / 3  # the open hour's
         assert _answers(store, clock) == before
