@@ -14,7 +14,12 @@ An hour row's ``minutes`` blob holds the statistics of the minutes that had samp
                minute's start), sample values (mins, maxes, lasts) and sums
 
 Grouping arrays of one kind lets each chunk keep one decimal scale; the codec's timestamps
-are 0..n-1 (regular, three bytes).  An hour of 1 s samples packs into 60-120 bytes.
+are 0..n-1 (regular, three bytes).  An hour of a flat series packs into about 60 bytes, of
+noisy telemetry at 1 s into about 330 (docs/store.md).
+
+Readers that take more than one statement (``minute_stats`` with the head after it, say)
+run inside ``store.engine.read_snapshot``, so a compaction committing between their
+statements cannot move a minute past them.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def pack_minutes(hour_ms: Sequence[int], stats: Sequence[MinuteStats]) -> list[b
         ints, vals, sums = enc.blobs[3 * i : 3 * i + 3]
         out.append(
             bytes((FORMAT,)) + mask.to_bytes(8, "little")
-            + codec._varints(len(ints)) + ints + codec._varints(len(vals)) + vals + sums
+            + codec.varints(len(ints)) + ints + codec.varints(len(vals)) + vals + sums
         )  # fmt: skip
     return out
 
@@ -90,8 +95,8 @@ def unpack_many(
         if len(blob) < 10 or blob[0] != FORMAT:
             raise codec.CorruptChunk(f"unknown minute statistics format {blob[:1]!r}")
         masks[i] = int.from_bytes(blob[1:9], "little")
-        (a,), pos = codec._read_varints(blob, 9, 1)
-        (b,), mid = codec._read_varints(blob, pos + a, 1)
+        (a,), pos = codec.read_varints(blob, 9, 1)
+        (b,), mid = codec.read_varints(blob, pos + a, 1)
         parts += [blob[pos : pos + a], blob[mid : mid + b], blob[mid + b :]]
     present = (masks[:, None] & _BITS[None, :]) != 0
     n = present.sum(axis=1)
@@ -114,14 +119,18 @@ def chunk_blobs(conn: Any, ids: Sequence[int], lo: int, hi: int) -> Iterator[tup
     """``(series_id, chunk start, data)`` of every chunk that may hold samples in ``[lo, hi)``
     ms: hour chunks and minute chunks, in no particular order (``data`` None: expired)."""
     for batch in batches(ids):
-        where = f"series_id IN ({in_list(batch)}) AND start_ms >= :lo AND start_ms < :hi"
+        which = f"series_id IN ({in_list(batch)}) AND start_ms < :hi"
+        # One statement: the hour pass moves a minute between the tables in one transaction,
+        # so a reader outside ``read_snapshot`` (the write path's duplicate check) still
+        # sees it in exactly one.
         yield from conn.execute(
-            text(f"SELECT series_id, start_ms, data FROM samples_hour WHERE {where}"),
-            {"lo": floor(lo, HOUR_MS), "hi": hi},
-        )
-        yield from conn.execute(
-            text(f"SELECT series_id, start_ms, data FROM samples_chunk WHERE {where}"),
-            {"lo": floor(lo, MINUTE_MS), "hi": hi},
+            text(
+                f"SELECT series_id, start_ms, data FROM samples_hour WHERE {which} "
+                "AND start_ms >= :hour_lo UNION ALL "
+                f"SELECT series_id, start_ms, data FROM samples_chunk WHERE {which} "
+                "AND start_ms >= :minute_lo"
+            ),
+            {"hour_lo": floor(lo, HOUR_MS), "minute_lo": floor(lo, MINUTE_MS), "hi": hi},
         )
 
 

@@ -215,7 +215,7 @@ _REGULAR, _PCO_VALUES = 1, 2
 _PCO_WORTH = 32  # pcodec's header alone takes about 25 bytes: smaller zlib bodies stay
 
 
-def _varints(*numbers: int) -> bytes:
+def varints(*numbers: int) -> bytes:
     out = bytearray()
     for n in numbers:
         while n >= 0x80:
@@ -225,7 +225,7 @@ def _varints(*numbers: int) -> bytes:
     return bytes(out)
 
 
-def _read_varints(blob: bytes, pos: int, count: int) -> tuple[list[int], int]:
+def read_varints(blob: bytes, pos: int, count: int) -> tuple[list[int], int]:
     numbers = []
     for _ in range(count):
         n = shift = 0
@@ -265,7 +265,7 @@ def _blobs_v2(
     )  # fmt: skip
     return [
         _encode_v2(
-            None if bad else _varints(b - a, first, st), offsets[a:b], k, stream[a:b], exact[a:b]
+            None if bad else varints(b - a, first, st), offsets[a:b], k, stream[a:b], exact[a:b]
         )
         for a, b, bad, first, st, k in rows
     ]
@@ -279,7 +279,7 @@ def _encode_v2(
     flags = 0
     if head is None:
         packed = simple_compress(offsets, _PCO)
-        head = _varints(len(offsets), len(packed)) + packed
+        head = varints(len(offsets), len(packed)) + packed
     else:
         flags |= _REGULAR
     body = zlib.compress(_shuffle(stream), 1)
@@ -296,10 +296,10 @@ def _decode_v2(blob: bytes, chunk_start_ms: int) -> tuple[np.ndarray, np.ndarray
         raise CorruptChunk(f"unknown value mode {mode}")
     try:
         if flags & _REGULAR:
-            (n, first, step), pos = _read_varints(blob, 3, 3)
+            (n, first, step), pos = read_varints(blob, 3, 3)
             ts = first + step * np.arange(n, dtype=np.int64)
         else:
-            (n, length), pos = _read_varints(blob, 3, 2)
+            (n, length), pos = read_varints(blob, 3, 2)
             ts = simple_decompress(blob[pos : pos + length]).astype(np.int64)
             pos += length
         if flags & _PCO_VALUES:
@@ -331,7 +331,7 @@ def decode_many(
     for i, (blob, start) in enumerate(zip(blobs, starts, strict=True)):
         zlib_regular = len(blob) >= 4 and blob[0] == VERSION_PCO and blob[2] == _REGULAR
         if zlib_regular and blob[1] <= MAX_SCALE:
-            (n, first, step), pos = _read_varints(blob, 3, 3)
+            (n, first, step), pos = read_varints(blob, 3, 3)
             fast.append((i, first + start, step, blob[1]))
             bodies.append(blob[pos:])
             counts[i] = n

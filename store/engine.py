@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from hbmwatch.validation import ConfigError
@@ -82,3 +84,24 @@ def create_store_engine(
         dbapi_conn.autocommit = autocommit
 
     return engine
+
+
+@contextmanager
+def read_snapshot(engine: Engine) -> Iterator[Connection]:
+    """A connection whose statements all see one committed state of the store.
+
+    Why: a query reads the head, the minute chunks and the hour chunks in several
+    statements, and compaction (in this process or another) moves a minute from one to the
+    next in one transaction; read between its commit, a minute would be missed or counted
+    twice.  SQLite (WAL) holds the snapshot of a read transaction's first read until it
+    ends; PostgreSQL's REPEATABLE READ one transaction snapshot.  Rolled back on leaving.
+    """
+    with engine.connect() as conn:
+        if conn.dialect.name == "sqlite":
+            conn.exec_driver_sql("BEGIN")  # pysqlite itself begins only before a write
+        else:
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        try:
+            yield conn
+        finally:
+            conn.rollback()

@@ -23,6 +23,7 @@ from hbmwatch.store import aggregate as agg_math
 from hbmwatch.store import codec, head
 from hbmwatch.store.aggregate import Partials
 from hbmwatch.store.chunks import by_series, chunk_blobs, minute_stats
+from hbmwatch.store.engine import read_snapshot
 from hbmwatch.store.guard import guarded
 from hbmwatch.store.registry import SeriesRegistry
 from hbmwatch.store.results import LatestValue, QueryResult
@@ -202,15 +203,10 @@ class Queries:
             t, v = computed[sid]
             if len(t) == 0:
                 continue
-            out.append(
-                SeriesPoints(
-                    key,
-                    tuple(
-                        Point(ts / 1000, float(val))
-                        for ts, val in zip(t.tolist(), v.tolist(), strict=True)
-                    ),
-                )
-            )
+            # map() over lists: a day at a 1-minute step is 1,440 points, and a generator
+            # of per-point divisions cost a third of the query.
+            points = tuple(map(Point, (t / 1000).tolist(), v.astype(np.float64).tolist()))
+            out.append(SeriesPoints(key, points))
         return out
 
     def _head_rows(self, conn: Any, ids: list[int], lo: int, hi: int) -> dict[int, tuple]:
@@ -221,7 +217,7 @@ class Queries:
     ) -> tuple[dict[int, tuple[np.ndarray, np.ndarray]], bool]:
         parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         expired = False
-        with self.engine.connect() as conn:
+        with read_snapshot(self.engine) as conn:
             for sid, start_ms, blob in chunk_blobs(conn, ids, lo, hi):
                 if blob is None:
                     expired = True
@@ -245,7 +241,7 @@ class Queries:
         self, ids: list[int], lo: int, hi: int, *, hourly: bool
     ) -> dict[int, Partials]:
         parts: dict[int, list[Partials]] = {}
-        with self.engine.connect() as conn:
+        with read_snapshot(self.engine) as conn:
             watermark = read_watermark(conn)
             minute_lo = lo
             if hourly:
@@ -311,7 +307,7 @@ class Queries:
         apply a cap of their own (``/federate``)."""
         ids = [sid for sid, _ in found]
         since = self.now_ms() - int(lookback * 1000)
-        with self.engine.connect() as conn:
+        with read_snapshot(self.engine) as conn:
             newest = self._newest_head(conn, ids, since)
             missing = [sid for sid in ids if sid not in newest]
             table = minute_stats(conn, missing, floor(since, MINUTE_MS), 2**62)
@@ -355,7 +351,7 @@ class Queries:
             raw, expired = self._raw_samples(ids, lo, hi + 1)
             read = {sid: (t, v, None) for sid, (t, v) in raw.items()}
         else:
-            with self.engine.connect() as conn:
+            with read_snapshot(self.engine) as conn:
                 tiers = read_tiers(conn, ids, lo, hi, hourly=tier == "1h")
             read = {sid: (ts.times, ts.values, ts) for sid, ts in tiers.items()}
         total = sum(len(t) for t, _, _ in read.values())
@@ -381,6 +377,6 @@ class Queries:
         found = self.series_registry.select_matching(matchers)
         if lo is None or hi is None:
             return [key for _, key in found]
-        with self.engine.connect() as conn:
+        with read_snapshot(self.engine) as conn:
             live = series_with_samples(conn, [sid for sid, _ in found], lo, hi)
         return [key for sid, key in found if sid in live]
