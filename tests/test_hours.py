@@ -15,7 +15,8 @@ from hbmwatch.promql.source import StoreSource
 from hbmwatch.promql.values import Grid
 from hbmwatch.query import Aggregation, parse_selector
 from hbmwatch.records import Sample, SeriesKey
-from hbmwatch.store import chunks
+from hbmwatch.store import chunks, codec
+from hbmwatch.store.backend import DAY_MS, partition_name
 from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.migrate import alembic_config, upgrade
 from hbmwatch.store.store import HOUR_MS, MINUTE_MS, Store
@@ -30,22 +31,22 @@ def _keys() -> list[SeriesKey]:
     return [SeriesKey("gpu_power_watts", {"host": "n1", "gpu": str(g)}) for g in range(2)]
 
 
-def _fill(store: Store, end_ms: int) -> int:
-    """Every 10 s from HOUR0 to ``end_ms``, gpu 1 skipping minutes 5-9 of each hour."""
+def _fill(store: Store, end_ms: int, start: int = HOUR0) -> int:
+    """Every 10 s from ``start`` to ``end_ms``, gpu 1 skipping minutes 5-9 of each hour."""
     rng = np.random.default_rng(4)
     samples = []
     for g, key in enumerate(_keys()):
-        for ts in range(HOUR0 + 3_000, end_ms, 10_000):
+        for ts in range(start + 3_000, end_ms, 10_000):
             if g == 1 and 5 <= (ts % HOUR_MS) // MINUTE_MS < 10:
                 continue
             samples.append(Sample(key, ts, round(float(300 + rng.normal(0, 20)), 1)))
     return store.write(samples).accepted
 
 
-def _answers(store: Store, clock: Clock) -> dict[str, Any]:
-    """Every kind of read over the closed hours and the open one."""
+def _answers(store: Store, clock: Clock, start: int = HOUR0) -> dict[str, Any]:
+    """Every kind of read over the closed hours (from ``start``) and the open one."""
     sel = parse_selector(SELECTOR)
-    lo, hi = HOUR0 / 1000, clock.now
+    lo, hi = start / 1000, clock.now
 
     def flat(result: Any) -> list:
         return sorted(
@@ -60,15 +61,15 @@ def _answers(store: Store, clock: Clock) -> dict[str, Any]:
     out["latest"] = sorted((v.series.text, v.timestamp, v.value) for v in store.latest(sel))
     for tier in ("raw", "1m", "1h"):
         got, expired = store.select_samples(
-            [m for m in _matchers()], HOUR0, int(clock.now * 1000), tier
+            [m for m in _matchers()], start, int(clock.now * 1000), tier
         )
         rows = sorted(
             (k.text, t.tolist(), v.tolist(), None if s is None else s.max.tolist())
             for k, t, v, s in got
         )
         out[f"select {tier}"] = (rows, expired)
-    out["labels"] = sorted(k.text for k in store.label_sets(_matchers(), HOUR0, HOUR0 + 600_000))
-    grid = Grid(HOUR0 + 600_000, int(clock.now * 1000), 300_000)
+    out["labels"] = sorted(k.text for k in store.label_sets(_matchers(), start, start + 600_000))
+    grid = Grid(start + 600_000, int(clock.now * 1000), 300_000)
     for tier in ("raw", "1m"):
         for q in (
             f"max_over_time({SELECTOR}[10m])",
@@ -88,7 +89,11 @@ def _matchers() -> list[Matcher]:
 
 def _table_rows(store: Store, table: str) -> int:
     with store.engine.connect() as conn:
-        return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+        return _table_rows_of(conn, table)
+
+
+def _table_rows_of(conn: Any, table: str) -> int:
+    return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
 
 
 def _hour_partitions(store: Store) -> int | None:
@@ -185,6 +190,98 @@ def test_existing_minute_chunks_are_repacked_after_migration(store_url: str, clo
         assert store.repack_hours(max_hours=1) == 2  # a backlog clears a few hours a pass
         assert store.compact().hours == 4
         assert _answers(store, clock) == before
+    finally:
+        store.close()
+
+
+def _chunk_rows(conn: Any) -> dict[tuple[int, int], tuple]:
+    """``samples_chunk`` by (series, minute): count, min, max, sum, last, last_ms, and the
+    decoded samples (None: expired)."""
+    out = {}
+    for sid, start, *stats, data in conn.execute(text(
+        "SELECT series_id, start_ms, count, min, max, sum, last, last_ms, data FROM samples_chunk"
+    )):  # fmt: skip
+        samples = None if data is None else [a.tolist() for a in codec.decode(bytes(data), start)]
+        out[(int(sid), int(start))] = (*stats, samples)
+    return out
+
+
+def _held_by_hours(conn: Any) -> dict[tuple[int, int], tuple]:
+    """What ``samples_hour`` holds, minute by minute, as ``_chunk_rows`` reads minute rows."""
+    out = {}
+    for sid, hour, minutes, data in conn.execute(
+        text("SELECT series_id, start_ms, minutes, data FROM samples_hour")
+    ):
+        assert minutes is not None  # an hour with expired statistics is made in the test
+        ts, values = (None, None) if data is None else codec.decode(bytes(data), hour)
+        st = chunks.unpack_minutes(bytes(minutes), hour)
+        for i, start in enumerate(st.start_ms.tolist()):
+            samples = None
+            if ts is not None:
+                pick = (ts >= start) & (ts < start + MINUTE_MS)
+                samples = [ts[pick].tolist(), values[pick].tolist()]
+            floats = (float(getattr(st, f)[i]) for f in ("min", "max", "sum", "last"))
+            out[(int(sid), start)] = (int(st.count[i]), *floats, int(st.last_ms[i]), samples)
+    return out
+
+
+def test_downgrade_turns_hour_rows_back_into_minute_rows(store_url: str) -> None:
+    """0007's downgrade puts every hour row back as the minute rows the hour pass deleted:
+    dropping ``samples_hour`` alone lost every closed hour's raw samples and statistics."""
+    clock = Clock(NOW - 5 * 3600 + HALF_HOUR)  # 03:30; the first closed hour: 23:00 the day before
+    start = int(clock.now * 1000) // HOUR_MS * HOUR_MS - 4 * HOUR_MS
+    store = make_store(store_url, clock)
+    try:
+        _fill(store, int(clock.now * 1000) - 90_000, start)
+        while store.compact().hours:
+            pass
+        newcomer = SeriesKey("gpu_power_watts", {"host": "n1", "gpu": "2"})
+        late = [
+            Sample(_keys()[0], start + HOUR_MS + 20 * MINUTE_MS + 1_000, 999.0),  # into an hour row
+            Sample(newcomer, start + 2 * HOUR_MS + 7 * MINUTE_MS, 5.0),  # a minute row of its own
+        ]
+        assert store.write(late).accepted == 2
+        while store.compact().hours:
+            pass
+        expired = store.apply_retention(now_ms=start + HOUR_MS + 7 * DAY_MS)
+        assert expired["raw_hours_expired"] == 2  # the first hour's raw samples, both series
+        before = _answers(store, clock, start)
+        with store.engine.begin() as conn:
+            expected = _chunk_rows(conn) | _held_by_hours(conn)
+            # A store whose 1-minute tier is kept shorter than raw samples: statistics gone,
+            # samples kept.  The downgrade rebuilds the statistics (recorded above) from them.
+            conn.execute(text(
+                "UPDATE samples_hour SET minutes = NULL WHERE start_ms = :hour AND series_id = "
+                "(SELECT id FROM series WHERE key = :key)"
+            ), {"hour": start + 2 * HOUR_MS, "key": _keys()[1].text})  # fmt: skip
+        assert any(row[6] is None for row in expected.values())
+    finally:
+        store.close()
+    engine = create_store_engine(store_url)
+    try:
+        with engine.begin() as conn:
+            assert _table_rows_of(conn, "samples_hour") == 2 * 4  # the newcomer's is a minute row
+            if engine.dialect.name == "postgresql":  # as retention drops a day of no minute rows
+                assert _table_rows_of(conn, partition_name(start)) == 0
+                conn.execute(text(f"DROP TABLE {partition_name(start)}"))
+            config = alembic_config()
+            config.attributes["connection"] = conn
+            command.downgrade(config, "0006")
+        with engine.connect() as conn:
+            assert _chunk_rows(conn) == expected
+            state = "SELECT count(*) FROM store_state WHERE name = 'hours_packed_until_ms'"
+            assert conn.execute(text(state)).scalar_one() == 0
+            if engine.dialect.name == "postgresql":
+                assert _table_rows_of(conn, "samples_chunk_default") == 0
+                assert _table_rows_of(conn, partition_name(start)) > 0
+        upgrade(engine)
+    finally:
+        engine.dispose()
+    store = make_store(store_url, clock)
+    try:
+        while store.compact().hours:
+            pass
+        assert _answers(store, clock, start) == before
     finally:
         store.close()
 
