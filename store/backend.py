@@ -22,6 +22,11 @@ _HEAD_COLUMNS = "minute_ms, n, ts, series_id, value"
 _CHUNK_COLUMNS = "series_id, start_ms, count, min, max, sum, last, data, last_ms"
 _ROLLUP_COLUMNS = "series_id, start_ms, count, min, max, sum, last, last_ms"
 _HOUR_COLUMNS = "series_id, start_ms, minutes, data"
+#: PostgreSQL: the transaction-scoped lock every compaction write transaction takes first, one
+#: per schema (the processes sharing one store: the service, the API, detector shards)
+COMPACTION_LOCK_SQL = (
+    "SELECT pg_advisory_xact_lock(hashtextextended('hbmwatch compaction:' || current_schema(), 0))"
+)
 
 
 class Backend(Protocol):
@@ -29,6 +34,11 @@ class Backend(Protocol):
 
     def insert_head(self, conn: Connection, rows: Sequence[HeadBatchRow]) -> None:
         """Append head batch rows (``store/head.py``: duplicates are left out before)."""
+
+    def lock_compaction(self, conn: Connection) -> None:
+        """Take the store-wide compaction lock for the rest of ``conn``'s transaction; must
+        be its first statement, so that what it reads next is what the last holder committed.
+        """
 
     def write_chunks(self, conn: Connection, rows: Sequence[tuple], replace: bool) -> None:
         """Insert chunk rows (or replace them, for merges of late samples)."""
@@ -55,6 +65,13 @@ def _dbapi(conn: Connection):  # type: ignore[no-untyped-def]
 
 class SqliteBackend:
     name = "sqlite"
+
+    def lock_compaction(self, conn: Connection) -> None:
+        # pysqlite opens a (deferred) transaction only at the first write statement, so reads
+        # before it see whatever another process commits meanwhile.  Issued first, BEGIN
+        # IMMEDIATE takes the database's write lock (waiting out the busy timeout for it) and
+        # makes reads and writes one transaction; pysqlite's commit() ends it.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     def insert_head(self, conn: Connection, rows: Sequence[HeadBatchRow]) -> None:
         cur = _dbapi(conn).cursor()
@@ -125,6 +142,10 @@ def partition_name(day_start_ms: int, table: str = "samples_chunk") -> str:
 
 class PostgresBackend:
     name = "postgresql"
+
+    def lock_compaction(self, conn: Connection) -> None:
+        # READ COMMITTED: each later statement sees what the lock's last holder committed.
+        conn.execute(text(COMPACTION_LOCK_SQL))
 
     def insert_head(self, conn: Connection, rows: Sequence[HeadBatchRow]) -> None:
         with _dbapi(conn).cursor() as cur:  # %b: the blobs go binary, not hex-escaped

@@ -48,6 +48,10 @@ class _Minute:
     hour_chunks: list[tuple[Any, ...]]
 
 
+class _HeadMoved(Exception):
+    """A write landed in the minute being stored: roll back and prepare it again."""
+
+
 def _head_rows(conn: Any, lo: int) -> int:
     count = "SELECT coalesce(sum(n), 0) FROM samples_head_batch WHERE minute_ms = :lo"
     return int(conn.execute(text(count), {"lo": lo}).scalar_one())
@@ -60,7 +64,8 @@ class Compaction(Hours):
     Relies on: ``engine``, ``settings``, ``backend``, ``metrics``, ``now_ms``, ``get_state``;
     the lock ``_write_lock`` (shared with the write path, so a minute is never compacted
     while a write into it is half done) and ``_watermark_read_at``, reset whenever the
-    watermark moves so the write path re-reads it.
+    watermark moves so the write path re-reads it.  Every write transaction is ``_locked``
+    (``store/hours.py``): other processes compacting the same store wait for it.
     """
 
     engine: Engine
@@ -91,27 +96,22 @@ class Compaction(Hours):
             with self.engine.connect() as conn:
                 oldest_sql = "SELECT min(minute_ms) FROM samples_head_batch"
                 oldest = conn.execute(text(oldest_sql)).scalar()
+                watermark = read_watermark(conn)
                 if oldest is not None and oldest < target:
                     lo = floor(int(oldest), MINUTE_MS)
-                    watermark = read_watermark(conn)
                     prepared = self._prepare_minute(conn, lo, watermark)
-            with self._write_lock, self.engine.begin() as conn:
-                if oldest is None or oldest >= target:
-                    # Every minute before the target is now complete in the tiers.
-                    if read_watermark(conn) < target:
-                        write_watermark(conn, target)
-                        self._watermark_read_at = -math.inf
-                    break
-                # A late minute is prepared again under the lock: the hour pass may have
-                # re-packed its chunks meanwhile (another process's).
-                moved = _head_rows(conn, lo) != prepared.head_samples
-                if lo < watermark or read_watermark(conn) != watermark or moved:
-                    watermark = read_watermark(conn)
-                    prepared = self._prepare_minute(conn, lo, watermark)
-                self._apply_minute(conn, lo, prepared)
-                if lo + MINUTE_MS > watermark:
-                    write_watermark(conn, lo + MINUTE_MS)
-                    self._watermark_read_at = -math.inf
+            if oldest is None or oldest >= target:
+                # Every minute before the target is now complete in the tiers.
+                if watermark < target:
+                    with self._locked() as conn:
+                        if read_watermark(conn) < target:
+                            write_watermark(conn, target)
+                            self._watermark_read_at = -math.inf
+                break
+            applied = self._store_minute(lo, watermark, prepared)
+            if applied is None:
+                continue
+            prepared = applied
             m = len(prepared.merged)
             minutes, samples = minutes + 1, samples + prepared.samples
             chunks, merged = chunks + len(prepared.chunks) + m, merged + m
@@ -123,6 +123,8 @@ class Compaction(Hours):
         """The chunk, merge and rollup rows of the head's minute starting at ``lo``."""
         ts, sid, values = head.read(conn, lo, lo + MINUTE_MS, dedupe=False)
         read = len(ts)
+        if not read:  # another process applied it since this one looked
+            return _Minute(0, 0, [], [], [], [])
         order = head.first_written(ts, sid)  # sorted by series, time; duplicates dropped
         ts, sid, values = ts[order], sid[order], values[order]
         starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
@@ -182,6 +184,30 @@ class Compaction(Hours):
                     rollup_rows.append((s, hour, *into_hour[1]))
         return _Minute(len(ts), read, chunk_rows, merged_rows, rollup_rows, hour_chunks)
 
+    def _store_minute(self, lo: int, watermark: int, prepared: _Minute) -> _Minute | None:
+        """Store the head's minute ``lo`` under the compaction lock, prepared again there when
+        what it was prepared from has changed; None when it is not stored (another process
+        took it out of the head, or a write landed in it meanwhile: the caller looks again).
+        """
+        try:
+            with self._locked() as conn:
+                # Under the lock these reads see what other processes committed.  A late
+                # minute is prepared again: the hour pass may have re-packed its chunks.
+                in_head = _head_rows(conn, lo)
+                if in_head == 0:
+                    return None
+                moved = in_head != prepared.head_samples
+                if lo < watermark or read_watermark(conn) != watermark or moved:
+                    watermark = read_watermark(conn)
+                    prepared = self._prepare_minute(conn, lo, watermark)
+                self._apply_minute(conn, lo, prepared)
+                if lo + MINUTE_MS > watermark:
+                    write_watermark(conn, lo + MINUTE_MS)
+                    self._watermark_read_at = -math.inf
+        except _HeadMoved:
+            return None
+        return prepared
+
     def _apply_minute(self, conn: Any, lo: int, minute: _Minute) -> None:
         """Store a prepared minute and take its samples out of the head."""
         self.backend.write_chunks(conn, minute.chunks, replace=False)
@@ -189,7 +215,13 @@ class Compaction(Hours):
         self.backend.merge_rollup_1h(conn, minute.hours)
         if minute.hour_chunks:
             self.backend.write_hours(conn, minute.hour_chunks)
-        conn.execute(text("DELETE FROM samples_head_batch WHERE minute_ms = :lo"), {"lo": lo})
+        # Writers do not take the compaction lock: on PostgreSQL one may commit a late
+        # sample into this minute after it was read; deleting it unread would lose it.
+        gone = conn.execute(
+            text("DELETE FROM samples_head_batch WHERE minute_ms = :lo RETURNING n"), {"lo": lo}
+        ).scalars()
+        if sum(gone) != minute.head_samples:
+            raise _HeadMoved
 
     @staticmethod
     def _merge_late(
@@ -199,8 +231,8 @@ class Compaction(Hours):
 
         Returns the new chunk columns and the statistics of what was added (for the hourly
         tier), or None when nothing was new.  A chunk whose raw samples have expired takes
-        nothing: writes that old are refused, so only a retention pass racing a write gets
-        here.
+        nothing: raw retention expires whole minutes only, writes that old are refused, so
+        only a write accepted just before a retention pass passed its minute gets here.
         """
         blob = row[6]
         if blob is None:
@@ -240,13 +272,14 @@ class Compaction(Hours):
         raw_cutoff = now - int(s.raw_retention_days * DAY_MS)
         minute_cutoff = now - int(s.rollup_1m_retention_days * DAY_MS)
         hour_cutoff = now - int(s.rollup_1h_retention_days * DAY_MS)
-        with self._write_lock, self.engine.begin() as conn:
+        with self._locked() as conn:
+            # whole minutes: one that straddles the cutoff keeps samples writes still accept
             raw = conn.execute(
                 text(
                     "UPDATE samples_chunk SET data = NULL WHERE series_id IN (SELECT id FROM "
                     "series) AND start_ms < :cutoff AND data IS NOT NULL"
                 ),
-                {"cutoff": raw_cutoff},
+                {"cutoff": floor(raw_cutoff, MINUTE_MS)},
             ).rowcount
             # whole head minutes: one that straddles the cutoff goes with its compaction
             old_head = {"cutoff": floor(raw_cutoff, MINUTE_MS)}

@@ -11,21 +11,27 @@ of series has its minute rows of that hour read, decoded and re-encoded outside 
 lock, then stored (and the minute rows deleted) under it in one transaction, prepared again
 if a late sample changed those minute rows meanwhile.  ``store_state`` keeps how far the
 pass got.  Minute rows written before this pass existed are re-packed the same way.
+
+Several processes compact one store (the service, the API's process): every compaction
+write transaction, here and in ``store/compaction.py``, is ``_locked`` (the process's write
+lock, then the database's compaction lock as its first statement), so the re-checks it
+reads decide on what the other processes have committed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store import codec
-from hbmwatch.store.backend import Backend
+from hbmwatch.store.backend import DAY_MS, Backend
 from hbmwatch.store.chunks import MinuteStats, pack_minutes, unpack_minutes
 from hbmwatch.store.guard import guarded
 from hbmwatch.store.tiers import (
@@ -49,7 +55,7 @@ _ALL_SERIES = "series_id IN (SELECT id FROM series)"  # keeps SQLite's range sca
 class _HourBatch:
     """One hour of a batch of series, re-packed but not stored: what it replaces, and rows."""
 
-    signature: tuple[int, int]
+    signature: tuple[int, ...]
     rows: list[tuple[Any, ...]]
 
 
@@ -74,29 +80,38 @@ def _minute_rows(conn: Any, ids: list[int], hour: int) -> list[tuple[Any, ...]]:
         cur.close()
 
 
-def _signature(conn: Any, ids: list[int], hour: int) -> tuple[int, int]:
-    """Minute rows and samples of the hour: a late sample merged meanwhile changes it."""
-    rows, samples = conn.execute(
+def _signature(conn: Any, ids: list[int], hour: int) -> tuple[int, ...]:
+    """Minute rows, samples, newest times and raw chunks of the hour: a late sample merged
+    meanwhile, another process's re-pack or a retention pass changes it."""
+    row = conn.execute(
         text(
-            "SELECT count(*), COALESCE(sum(count), 0) FROM samples_chunk WHERE series_id IN "
-            f"({in_list(ids)}) AND start_ms >= :lo AND start_ms < :hi"
+            "SELECT count(*), COALESCE(sum(count), 0), COALESCE(sum(last_ms), 0), count(data) "
+            f"FROM samples_chunk WHERE series_id IN ({in_list(ids)}) "
+            "AND start_ms >= :lo AND start_ms < :hi"
         ),
         {"lo": hour, "hi": hour + HOUR_MS},
     ).one()
-    return int(rows), int(samples)
+    return tuple(int(v) for v in row)
 
 
-def repack(rows: list[tuple[Any, ...]], hour: int) -> list[tuple[Any, ...]]:
+def repack(rows: list[tuple[Any, ...]], hour: int, expired: bool = False) -> list[tuple[Any, ...]]:
     """``samples_hour`` rows from minute rows sorted by series and time (``_minute_rows``).
 
-    An hour whose raw samples have partly expired keeps none (raw retention would take the
-    rest within the hour)."""
+    A series whose raw samples have partly expired is left out (its minute rows stay, and
+    expire minute by minute), unless the whole hour is past raw retention (``expired``):
+    then its row keeps no raw samples, as raw retention would leave it.  So an hour row
+    without ``data`` only covers samples that the write path refuses as too old."""
     groups: list[list[tuple[Any, ...]]] = []
     for row in rows:
         if groups and groups[-1][0][0] == row[0]:
             groups[-1].append(row)
         else:
             groups.append([row])
+    if not expired:
+        groups = [g for g in groups if all(r[8] is not None for r in g)]
+        rows = [r for g in groups for r in g]
+    if not groups:
+        return []
     stored = [r for r in rows if r[8] is not None]
     ts, values, counts = codec.decode_many([bytes(r[8]) for r in stored], [r[1] for r in stored])
     ends = iter(np.cumsum(counts).tolist())
@@ -147,7 +162,9 @@ def merge_late(
     data); stored values win on equal timestamps.
 
     Returns the new row and the statistics of what was added (for the hourly rollup), or
-    None when nothing was new or the hour's raw samples have expired.
+    None when nothing was new or the hour's raw samples have expired: only a whole hour past
+    raw retention has none (``repack``), and the write path refuses samples that old, so
+    only a write accepted just before a retention pass passed its hour gets here.
     """
     sid, hour, minutes, blob = row
     if blob is None or minutes is None:
@@ -204,6 +221,22 @@ class Hours:
     now_ms: Callable[[], int]
     _write_lock: threading.Lock
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[Connection]:
+        """A compaction write transaction: this process's write lock, then the database's
+        compaction lock as the transaction's first statement (always in that order, as the
+        write path takes the write lock before the database's), so no other process
+        compacts until it commits and what it reads is what they committed."""
+        with self._write_lock, self.engine.begin() as conn:
+            self.backend.lock_compaction(conn)
+            yield conn
+
+    def _advance_packed(self, until: int) -> None:
+        """Move ``HOURS_PACKED`` forward (another process's pass may be further on)."""
+        with self._locked() as conn:
+            if read_packed_until(conn) < until:
+                write_state(conn, HOURS_PACKED, until)
+
     def repack_hours(self, max_hours: int = HOURS_PER_PASS) -> int:
         """Re-pack the hours the watermark (less the grace) has closed, at most ``max_hours``
         of them (a store's backlog clears over several passes, the minute pass running
@@ -221,16 +254,14 @@ class Hours:
                 ).scalar()  # fmt: skip
             if first is None:  # the usual answer: no closed hour left (read every compaction)
                 if limit > done:
-                    with self._write_lock, self.engine.begin() as conn:
-                        write_state(conn, HOURS_PACKED, limit)
+                    self._advance_packed(limit)
                 return stored
             with self.engine.connect() as conn:
                 ids = [int(i) for (i,) in conn.execute(text("SELECT id FROM series ORDER BY id"))]
             hour = floor(int(first), HOUR_MS)
             for batch in batches(ids):
                 stored += self._repack_batch(batch, hour)
-            with self._write_lock, self.engine.begin() as conn:
-                write_state(conn, HOURS_PACKED, hour + HOUR_MS)
+            self._advance_packed(hour + HOUR_MS)
         return stored
 
     def _repack_batch(self, ids: list[int], hour: int) -> int:
@@ -238,24 +269,33 @@ class Hours:
             prepared = self._prepare_hour(conn, ids, hour)
         if not prepared.rows:
             return 0
-        with self._write_lock, self.engine.begin() as conn:
+        with self._locked() as conn:
             if _signature(conn, ids, hour) != prepared.signature:
                 prepared = self._prepare_hour(conn, ids, hour)
+            if not prepared.rows:  # another process re-packed them meanwhile
+                return 0
             self.backend.write_hours(conn, prepared.rows)
-            conn.execute(
+            conn.execute(  # the series re-packed; one with raw partly expired keeps its rows
                 text(
-                    f"DELETE FROM samples_chunk WHERE series_id IN ({in_list(ids)}) "
+                    f"DELETE FROM samples_chunk WHERE series_id IN "
+                    f"({in_list([r[0] for r in prepared.rows])}) "
                     "AND start_ms >= :lo AND start_ms < :hi"
                 ),
                 {"lo": hour, "hi": hour + HOUR_MS},
             )
         return len(prepared.rows)
 
-    @staticmethod
-    def _prepare_hour(conn: Any, ids: list[int], hour: int) -> _HourBatch:
+    def _prepare_hour(self, conn: Any, ids: list[int], hour: int) -> _HourBatch:
         rows = _minute_rows(conn, ids, hour)
-        signature = (len(rows), sum(int(r[2]) for r in rows))
-        return _HourBatch(signature, repack(rows, hour) if rows else [])
+        raw_cutoff = self.now_ms() - int(self.settings.raw_retention_days * DAY_MS)
+        signature = (
+            len(rows),
+            sum(int(r[2]) for r in rows),
+            sum(int(r[7]) for r in rows if r[7] is not None),
+            sum(1 for r in rows if r[8] is not None),
+        )
+        expired = hour + HOUR_MS <= raw_cutoff
+        return _HourBatch(signature, repack(rows, hour, expired) if rows else [])
 
     def _expire_hours(self, conn: Any, raw_cutoff: int, minute_cutoff: int) -> dict[str, int]:
         """Retention of ``samples_hour``: an hour goes from a tier once all of it is past."""
