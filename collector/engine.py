@@ -63,7 +63,8 @@ CACHE_RESET_SCRAPES = 3600
 BEHIND_LOG_SECONDS = 60.0
 #: A failed device inventory is retried this much later.
 INVENTORY_RETRY_MS = 5_000
-#: Ticks fall on slots this long (at most ``TICK_SLOTS`` an interval): the targets of a
+#: Ticks fall on slots this long (shorter where the interval holds fewer than
+#: ``TICK_SLOTS``): the targets of a
 #: slot wake the loop once, not once each.  A wake-up costs the loop ~0.1-0.2 ms of CPU
 #: (the timer, epoll), as much as translating a vLLM page.
 SLOT_MS = 25

@@ -24,6 +24,12 @@ _ROLLUP_COLUMNS = "series_id, start_ms, count, min, max, sum, last, last_ms"
 _HOUR_COLUMNS = "series_id, start_ms, minutes, data"
 #: PostgreSQL: the transaction-scoped lock every compaction write transaction takes first, one
 #: per schema (the processes sharing one store: the service, the API, detector shards)
+#: One process at a time creates partitions, seeing what the others made (collector and
+#: detector shards share one store), or a CREATE ... IF NOT EXISTS can still race another's
+#: into DuplicateTable.
+PARTITION_LOCK_SQL = (
+    "SELECT pg_advisory_xact_lock(hashtextextended('hbmwatch partitions:' || current_schema(), 0))"
+)
 COMPACTION_LOCK_SQL = (
     "SELECT pg_advisory_xact_lock(hashtextextended('hbmwatch compaction:' || current_schema(), 0))"
 )
@@ -51,6 +57,10 @@ class Backend(Protocol):
 
     def drop_minute_tier_before(self, conn: Connection, cutoff_ms: int) -> int:
         """Delete 1-minute rows (and raw chunks) older than ``cutoff_ms``."""
+
+    def prepare_hour_partitions(self, conn: Connection, days: set[int]) -> None:
+        """Make sure hour rows of these days (each a day's start, epoch ms) have somewhere
+        to go (PostgreSQL only)."""
 
     def write_hours(self, conn: Connection, rows: Sequence[tuple]) -> None:
         """Insert or replace ``samples_hour`` rows (series_id, start_ms, minutes, data)."""
@@ -109,6 +119,9 @@ class SqliteBackend:
             cur.close()
 
     def prepare_partitions(self, conn: Connection, first_ms: int, last_ms: int) -> None:
+        return None
+
+    def prepare_hour_partitions(self, conn: Connection, days: set[int]) -> None:
         return None
 
     def drop_minute_tier_before(self, conn: Connection, cutoff_ms: int) -> int:
@@ -183,14 +196,17 @@ class PostgresBackend:
             )
 
     def prepare_partitions(self, conn: Connection, first_ms: int, last_ms: int) -> None:
-        # Several processes may share one store (collector and detector shards): one at a
-        # time creates partitions, seeing what the others made, or a CREATE ... IF NOT EXISTS
-        # can still race another's into DuplicateTable.
-        conn.execute(text(
-            "SELECT pg_advisory_xact_lock(hashtextextended('hbmwatch partitions:' "
-            "|| current_schema(), 0))"
-        ))  # fmt: skip
+        conn.execute(text(PARTITION_LOCK_SQL))
         self._create_days(conn, first_ms, last_ms, ("samples_chunk",))
+
+    def prepare_hour_partitions(self, conn: Connection, days: set[int]) -> None:
+        # An hour's day partition is made when its first hour is re-packed, not ahead for the
+        # whole retention window as the minute table's are: a young store holds no empty ones.
+        # Creating one locks ``samples_hour`` against readers until the transaction ends.
+        made = set(_partitions(conn, "samples_hour").values())
+        if not days <= made:
+            conn.execute(text(PARTITION_LOCK_SQL))
+            self._create_days(conn, min(days - made), max(days - made), ("samples_hour",))
 
     def _create_days(
         self, conn: Connection, first_ms: int, last_ms: int, tables: Sequence[str]
@@ -217,16 +233,7 @@ class PostgresBackend:
         return dropped + (result.rowcount or 0)
 
     def write_hours(self, conn: Connection, rows: Sequence[tuple]) -> None:
-        # An hour's day partition is made when its first hour is re-packed, not ahead for the
-        # whole retention window as the minute table's are: a young store holds no empty ones.
-        days = {int(r[1]) - int(r[1]) % DAY_MS for r in rows}
-        made = set(_partitions(conn, "samples_hour").values())
-        if not days <= made:
-            conn.execute(text(
-                "SELECT pg_advisory_xact_lock(hashtextextended('hbmwatch partitions:' "
-                "|| current_schema(), 0))"
-            ))  # fmt: skip
-            self._create_days(conn, min(days - made), max(days - made), ("samples_hour",))
+        self.prepare_hour_partitions(conn, {int(r[1]) - int(r[1]) % DAY_MS for r in rows})
         with _dbapi(conn).cursor() as cur:
             cur.executemany(
                 f"INSERT INTO samples_hour ({_HOUR_COLUMNS}) VALUES (%s, %s, %s, %s) "

@@ -18,6 +18,7 @@ from alembic import op
 # packed minute statistics that only these modules read; both formats are versioned and
 # must stay readable for as long as stores hold them, so the import stays valid.
 from hbmwatch.store import codec
+from hbmwatch.store.backend import PARTITION_LOCK_SQL
 from hbmwatch.store.chunks import unpack_many
 
 revision = "0007"
@@ -62,10 +63,7 @@ def downgrade() -> None:
     conn = op.get_bind()
     postgres = conn.dialect.name == "postgresql"
     if postgres:  # as store/backend.py: one process at a time creates partitions
-        conn.execute(sa.text(
-            "SELECT pg_advisory_xact_lock(hashtextextended('hbmwatch partitions:' "
-            "|| current_schema(), 0))"
-        ))  # fmt: skip
+        conn.execute(sa.text(PARTITION_LOCK_SQL))
     page = sa.text(
         "SELECT series_id, start_ms, minutes, data FROM samples_hour "
         "WHERE (series_id, start_ms) > (:sid, :start) ORDER BY series_id, start_ms LIMIT :n"
