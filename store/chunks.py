@@ -148,25 +148,23 @@ def minute_stats(conn: Any, ids: Sequence[int], lo: int, hi: int) -> np.ndarray:
         return np.zeros((0, 8))
     stamp = f"COALESCE(last_ms, start_ms + {MINUTE_MS - 1})"
     for batch in batches(ids):
-        where = f"series_id IN ({in_list(batch)}) AND start_ms >= :lo AND start_ms < :hi"
-        rows = conn.execute(
+        which = f"series_id IN ({in_list(batch)}) AND start_ms < :hi"
+        rows = conn.execute(  # one statement, one round trip, both tables
             text(
-                f"SELECT series_id, start_ms, count, min, max, sum, last, {stamp} "
-                f"FROM samples_chunk WHERE {where}"
+                f"SELECT series_id, start_ms, count, min, max, sum, last, {stamp}, NULL "
+                f"FROM samples_chunk WHERE {which} AND start_ms >= :lo UNION ALL "
+                "SELECT series_id, start_ms, NULL, NULL, NULL, NULL, NULL, NULL, minutes "
+                f"FROM samples_hour WHERE {which} AND start_ms >= :hour_lo "
+                "AND minutes IS NOT NULL"
             ),
-            {"lo": lo, "hi": hi},
+            {"lo": lo, "hour_lo": floor(lo, HOUR_MS), "hi": hi},
         ).all()
-        if rows:
-            parts.append(np.array([tuple(r) for r in rows], dtype=np.float64))
-        hours = conn.execute(
-            text(
-                "SELECT series_id, start_ms, minutes FROM samples_hour "
-                f"WHERE {where} AND minutes IS NOT NULL"
-            ),
-            {"lo": floor(lo, HOUR_MS), "hi": hi},
-        ).all()
+        minutes = [tuple(r)[:8] for r in rows if r[8] is None]
+        if minutes:
+            parts.append(np.array(minutes, dtype=np.float64))
+        hours = [r for r in rows if r[8] is not None]
         if hours:
-            sids, starts, blobs = zip(*hours, strict=True)
+            sids, starts, blobs = zip(*((r[0], r[1], r[8]) for r in hours), strict=True)
             table = unpack_many([bytes(b) for b in blobs], starts, sids)
             parts.append(table[(table[:, START] >= lo) & (table[:, START] < hi)])
     if not parts:

@@ -7,7 +7,6 @@ Create Date: 2026-11-27
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,7 @@ from alembic import op
 # packed minute statistics that only these modules read; both formats are versioned and
 # must stay readable for as long as stores hold them, so the import stays valid.
 from hbmwatch.store import codec
-from hbmwatch.store.backend import PARTITION_LOCK_SQL
+from hbmwatch.store.backend import PARTITION_LOCK_SQL, partition_name
 from hbmwatch.store.chunks import unpack_many
 
 revision = "0007"
@@ -132,12 +131,12 @@ def _row(key: tuple[int, int], stats: list, data: bytes | None) -> dict[str, Any
 
 def _day_partitions(conn: Any, starts: set[int], made: set[int]) -> set[int]:
     """Create the missing day partitions of ``samples_chunk`` the rows land in (retention may
-    have dropped them), as store/backend.py names them; a day whose rows already sit in the
+    have dropped them); a day whose rows already sit in the
     default partition stays there (a partition over them cannot be created).  Returns the
     days seen."""
     days = {s - s % DAY_MS for s in starts} - made
     for day in sorted(days):
-        name = f"samples_chunk_p{dt.datetime.fromtimestamp(day / 1000, tz=dt.UTC):%Y%m%d}"
+        name = partition_name(day)
         if conn.execute(sa.text("SELECT to_regclass(:n)"), {"n": name}).scalar() is not None:
             continue
         strays = sa.text(
