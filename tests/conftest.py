@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -56,6 +57,32 @@ def pytest_configure(config: pytest.Config) -> None:
     # into the checkout's __pycache__, as any run of Python would, they reuse it.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+
+
+#: The CPU dispatch golden values were recorded under: numpy's AVX-512 loops and OpenBLAS'
+#: SkylakeX kernels round some results differently in the last bit than the x86-64-v3 and
+#: Haswell ones, enough to change a page digest or an isolation forest's split.  A test
+#: marked ``reference_dispatch`` compares such golden values: it runs in a child pytest
+#: pinned to this dispatch (a no-op on a CPU without AVX-512), so it holds on any x86 CI host.
+REFERENCE_DISPATCH = {
+    "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
+    "OPENBLAS_CORETYPE": "Haswell",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    pinned = all(os.environ.get(k) == v for k, v in REFERENCE_DISPATCH.items())
+    if pyfuncitem.get_closest_marker("reference_dispatch") is None or pinned:
+        return None
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:randomly",
+         "-p", "no:cacheprovider", "--no-header", pyfuncitem.nodeid],
+        cwd=pyfuncitem.config.rootpath, env={**os.environ, **REFERENCE_DISPATCH},
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert child.returncode == 0, f"under the reference CPU dispatch:\n{child.stdout[-4000:]}"
+    return True
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -127,6 +127,7 @@ def saved() -> dict[str, Any]:
     return json.loads(FIXTURE.read_text())
 
 
+@pytest.mark.reference_dispatch
 @pytest.mark.parametrize("name", ["thermal", "quality", "outliers"])
 def test_state_saved_by_earlier_code_loads_and_carries_on(saved: dict, name: str) -> None:
     entry = saved[name]

@@ -111,6 +111,7 @@ def _pages_digest(steps: int) -> str:
     return digest.hexdigest()
 
 
+@pytest.mark.reference_dispatch
 def test_pages_are_byte_for_byte_what_they_were_before_the_speed_up() -> None:
     assert _pages_digest(40) == PAGES_BEFORE
 

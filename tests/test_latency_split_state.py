@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from hbmwatch.detectors.latency import LatencyRegressions
 from tests import test_detect_latency as lat
@@ -65,6 +66,7 @@ def record(det: Any) -> dict[str, Any]:
     return {"state": state, "findings": later, "findings_before_save": len(early)}
 
 
+@pytest.mark.reference_dispatch
 def test_latency_state_saved_before_the_split_loads_and_carries_on() -> None:
     saved = json.loads(FIXTURE.read_text())
     det = LatencyRegressions(warmup_s=120.0)

@@ -93,19 +93,28 @@ def up(tmp_path: Path) -> Iterator[Callable[..., tuple[str, subprocess.Popen[str
     procs: list[subprocess.Popen[str]] = []
 
     def run(url: str, **env: str) -> tuple[str, subprocess.Popen[str]]:
-        port = free_port()
-        proc = start(tmp_path, url, "up", HBMWATCH_API__PORT=str(port), **env)
-        procs.append(proc)
-        base = f"http://127.0.0.1:{port}"
+        # A free port can be taken by another process (the other test worker's) before
+        # ``up`` binds it: then it exits saying so, and gets another.
+        for _ in range(3):
+            port = free_port()
+            proc = start(tmp_path, url, "up", HBMWATCH_API__PORT=str(port), **env)
+            procs.append(proc)
+            base = f"http://127.0.0.1:{port}"
 
-        def scraping() -> bool:
+            def scraping(base: str = base) -> bool:
+                try:
+                    return metric(base, "hbmwatch_collector_scrapes_total") > 0
+                except httpx.HTTPError:
+                    return False
+
             try:
-                return metric(base, "hbmwatch_collector_scrapes_total") > 0
-            except httpx.HTTPError:
-                return False
-
-        wait_for("scrapes", scraping, proc)
-        return base, proc
+                wait_for("scrapes", scraping, proc)
+            except AssertionError:
+                if "address already in use" in output(proc):
+                    continue
+                raise
+            return base, proc
+        raise AssertionError("no free port for the API in three tries")
 
     yield run
     for proc in procs:
