@@ -115,6 +115,26 @@ def unpack_many(
     ))  # fmt: skip
 
 
+def merge_samples(
+    blob: bytes, start_ms: int, ts: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, tuple[Any, ...]] | None:
+    """A stored chunk's samples with late ones merged in, time-sorted (stored values win on
+    equal timestamps), and the statistics of what was added (count, min, max, sum, last,
+    last_ms: for the hourly rollup); None when nothing was new."""
+    old_ts, old_values = codec.decode(bytes(blob), start_ms)
+    new = ~np.isin(ts, old_ts)
+    add_ts, add_values = ts[new], values[new]
+    if len(add_ts) == 0:
+        return None
+    all_ts, all_values = np.r_[old_ts, add_ts], np.r_[old_values, add_values]
+    order = np.argsort(all_ts, kind="stable")
+    added = (
+        len(add_ts), float(add_values.min()), float(add_values.max()),
+        float(add_values.sum()), float(add_values[-1]), int(add_ts[-1]),
+    )  # fmt: skip
+    return all_ts[order], all_values[order], added
+
+
 def chunk_blobs(conn: Any, ids: Sequence[int], lo: int, hi: int) -> Iterator[tuple[int, int, Any]]:
     """``(series_id, chunk start, data)`` of every chunk that may hold samples in ``[lo, hi)``
     ms: hour chunks and minute chunks, in no particular order (``data`` None: expired)."""

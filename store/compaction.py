@@ -21,6 +21,7 @@ from sqlalchemy import Engine, text
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store import codec, head
 from hbmwatch.store.backend import DAY_MS, Backend
+from hbmwatch.store.chunks import merge_samples
 from hbmwatch.store.guard import guarded
 from hbmwatch.store.hours import Hours, hour_rows, merge_late
 from hbmwatch.store.results import CompactionReport, StoreMetrics
@@ -112,7 +113,7 @@ class Compaction(Hours):
             if applied is None:
                 continue
             prepared = applied
-            m = len(prepared.merged)
+            m = len(prepared.merged) + len(prepared.hour_chunks)  # into minute or hour chunks
             minutes, samples = minutes + 1, samples + prepared.samples
             chunks, merged = chunks + len(prepared.chunks) + m, merged + m
         self.metrics.compacted.inc(samples)
@@ -234,35 +235,17 @@ class Compaction(Hours):
         nothing: raw retention expires whole minutes only, writes that old are refused, so
         only a write accepted just before a retention pass passed its minute gets here.
         """
-        blob = row[6]
-        if blob is None:
+        if row[6] is None:
             return None
-        old_ts, old_values = codec.decode(bytes(blob), lo)
-        new_mask = ~np.isin(ts, old_ts)
-        add_ts, add_values = ts[new_mask], values[new_mask]
-        if len(add_ts) == 0:
+        merged = merge_samples(row[6], lo, ts, values)
+        if merged is None:
             return None
-        all_ts = np.r_[old_ts, add_ts]
-        all_values = np.r_[old_values, add_values]
-        order = np.argsort(all_ts, kind="stable")
-        all_ts, all_values = all_ts[order], all_values[order]
+        all_ts, all_values, added = merged
         chunk = (
-            len(all_ts),
-            float(all_values.min()),
-            float(all_values.max()),
-            float(all_values.sum()),
-            float(all_values[-1]),
-            codec.encode(lo, all_ts, all_values),
-            int(all_ts[-1]),
-        )
-        added = (
-            len(add_ts),
-            float(add_values.min()),
-            float(add_values.max()),
-            float(add_values.sum()),
-            float(add_values[-1]),
-            int(add_ts[-1]),
-        )
+            len(all_ts), float(all_values.min()), float(all_values.max()),
+            float(all_values.sum()), float(all_values[-1]),
+            codec.encode(lo, all_ts, all_values), int(all_ts[-1]),
+        )  # fmt: skip
         return chunk, added
 
     def apply_retention(self, now_ms: int | None = None) -> dict[str, int]:

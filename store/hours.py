@@ -32,7 +32,7 @@ from sqlalchemy import Connection, Engine, text
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store import codec
 from hbmwatch.store.backend import DAY_MS, Backend
-from hbmwatch.store.chunks import MinuteStats, pack_minutes, unpack_minutes
+from hbmwatch.store.chunks import MinuteStats, merge_samples, pack_minutes, unpack_minutes
 from hbmwatch.store.guard import guarded
 from hbmwatch.store.tiers import (
     HOUR_MS,
@@ -169,14 +169,10 @@ def merge_late(
     sid, hour, minutes, blob = row
     if blob is None or minutes is None:
         return None
-    old_ts, old_values = codec.decode(bytes(blob), hour)
-    new = ~np.isin(ts, old_ts)
-    add_ts, add_values = ts[new], values[new]
-    if len(add_ts) == 0:
+    merged_samples = merge_samples(blob, hour, ts, values)
+    if merged_samples is None:
         return None
-    all_ts, all_values = np.r_[old_ts, add_ts], np.r_[old_values, add_values]
-    order = np.argsort(all_ts, kind="stable")
-    all_ts, all_values = all_ts[order], all_values[order]
+    all_ts, all_values, added = merged_samples
     in_minute = (all_ts >= minute) & (all_ts < minute + MINUTE_MS)
     mt, mv = all_ts[in_minute], all_values[in_minute]
     stats = unpack_minutes(bytes(minutes), hour)
@@ -189,10 +185,6 @@ def merge_late(
     order = np.argsort(merged.start_ms, kind="stable")
     merged = MinuteStats(*(getattr(merged, f)[order] for f in MinuteStats.__slots__))
     (packed,) = pack_minutes([hour], [merged])
-    added = (
-        len(add_ts), float(add_values.min()), float(add_values.max()),
-        float(add_values.sum()), float(add_values[-1]), int(add_ts[-1]),
-    )  # fmt: skip
     return (sid, hour, packed, codec.encode(hour, all_ts, all_values)), added
 
 

@@ -60,6 +60,7 @@ class CompactionReport:
     minutes: int = 0
     samples: int = 0
     chunks: int = 0
+    #: chunks that took late samples: minute chunks, or the hour chunks their hours became
     merged: int = 0
     #: series' hours re-packed from minute chunks into hour chunks (``store/hours.py``)
     hours: int = 0
