@@ -32,6 +32,8 @@ class Scope(StrEnum):
     DEVICE = "device"
     WORKLOAD = "workload"
     COLLECTOR = "collector"
+    #: What runs on a GPU or partition (pod, Slurm job): an info series, value 1.
+    ATTRIBUTION = "attribution"
     #: Exported by hbmwatch's /metrics, not stored; carries no identity labels of its own.
     EXPORT = "export"
 
@@ -55,17 +57,21 @@ WORKLOAD_PLACEMENT_LABELS: tuple[str, ...] = ("cluster", "rack", "host", "gpu", 
 #: ... and what it is.  These are attributes with a cardinality cap (store settings).
 WORKLOAD_LABELS: tuple[str, ...] = ("service", "model", "phase", "job", "pod", "namespace")
 COLLECTOR_LABELS: tuple[str, ...] = ("cluster", "rack", "host", "target", "source")
+#: What an attribution series names; device series never carry these (a cap per label).
+ATTRIBUTION_LABELS: tuple[str, ...] = ("namespace", "pod", "container", "job")
 
 SCOPE_LABELS: dict[Scope, tuple[str, ...]] = {
     Scope.DEVICE: DEVICE_LABELS,
     Scope.WORKLOAD: WORKLOAD_PLACEMENT_LABELS + WORKLOAD_LABELS,
     Scope.COLLECTOR: COLLECTOR_LABELS,
+    Scope.ATTRIBUTION: WORKLOAD_PLACEMENT_LABELS + ATTRIBUTION_LABELS,
     Scope.EXPORT: (),
 }
 SCOPE_REQUIRED: dict[Scope, tuple[str, ...]] = {
     Scope.DEVICE: ("host", "gpu"),
     Scope.WORKLOAD: ("service", "phase"),
     Scope.COLLECTOR: ("target",),
+    Scope.ATTRIBUTION: ("host", "gpu"),
     Scope.EXPORT: (),
 }
 
@@ -97,6 +103,24 @@ DIRECTIONS: tuple[str, ...] = ("rx", "tx", "both")
 PCIE_DIRECTIONS: tuple[str, ...] = ("rx", "tx")
 FABRIC_ERRORS: tuple[str, ...] = ("crc", "crc_flit", "crc_data", "replay", "recovery")
 ECC_SEVERITIES: tuple[str, ...] = ("correctable", "uncorrectable", "deferred")
+#: Vendor numbering schemes of GPU error events (hbmwatch/gpu_errors.py has the codes).
+ERROR_SCHEMES: tuple[str, ...] = ("xid", "afid")
+#: What an exporter's health verdict covers: the whole GPU, or one DCGM health watch.
+HEALTH_CHECKS: tuple[str, ...] = (
+    "overall",
+    "pcie",
+    "nvlink",
+    "xgmi",
+    "memory",
+    "sm",
+    "thermal",
+    "power",
+    "driver",
+    "inforom",
+    "pmu",
+    "mcu",
+    "nvswitch",
+)
 PHASES: tuple[str, ...] = ("ttft", "inter_token", "e2e", "step")
 QUANTILES: tuple[str, ...] = ("0.5", "0.95", "0.99")
 DROP_REASONS: tuple[str, ...] = (
@@ -108,6 +132,7 @@ DROP_REASONS: tuple[str, ...] = (
     "unmapped",
     "series_cap",
     "label_too_long",
+    "label_cap",
     "rejected_by_store",
 )
 
@@ -261,6 +286,60 @@ _DEFINITIONS: tuple[MetricDef, ...] = (
         "ECC errors by severity.",
         labels=("severity",),
         label_values={"severity": ECC_SEVERITIES},
+    ),
+    # -- errors and health ------------------------------------------------------------------
+    _c(
+        "gpu_error_events_total",
+        "events",
+        "GPU error events by vendor scheme and code (NVIDIA XID, AMD AFID); each code's "
+        "meaning, severity and action are in docs/gpu-errors.md.",
+        labels=("scheme", "code"),
+        label_values={"scheme": ERROR_SCHEMES},
+    ),
+    _c(
+        "gpu_row_remaps_total",
+        "rows",
+        "HBM rows remapped to spares, by the severity of the error that caused the remap.",
+        labels=("severity",),
+        label_values={"severity": ("correctable", "uncorrectable")},
+    ),
+    _g(
+        "gpu_row_remap_pending",
+        "boolean",
+        "1 while a row remap waits for a GPU reset to take effect.",
+    ),
+    _g(
+        "gpu_row_remap_failed",
+        "boolean",
+        "1 once a row remap failed (no spare row left): the GPU needs service.",
+    ),
+    _g(
+        "gpu_retired_pages",
+        "pages",
+        "Memory pages retired (NVIDIA page retirement, AMD bad pages), by error severity.",
+        labels=("severity",),
+        label_values={"severity": ("correctable", "uncorrectable")},
+    ),
+    _g(
+        "gpu_retired_pages_pending",
+        "boolean",
+        "1 while a page retirement waits for a GPU reset to take effect.",
+    ),
+    _g(
+        "gpu_health_status",
+        "status",
+        "The exporter's own health verdict by check: 0 pass, 1 warn, 2 fail (DCGM health "
+        "watches, DME gpu_health).",
+        labels=("check",),
+        label_values={"check": HEALTH_CHECKS},
+    ),
+    # -- what runs where ------------------------------------------------------------------
+    _g(
+        "gpu_workload_info",
+        "info",
+        "1 while the workload it names (namespace, pod, container, Slurm job) runs on the GPU "
+        "or partition; absent otherwise. Device series never carry these labels.",
+        scope=Scope.ATTRIBUTION,
     ),
     # -- workloads --------------------------------------------------------------------------
     _g(
