@@ -18,6 +18,7 @@ class FindingKind(StrEnum):
     PCIE_ERRORS = "pcie_errors"
     FLEET_OUTLIER = "fleet_outlier"
     DATA_QUALITY = "data_quality"
+    GPU_ERRORS = "gpu_errors"  # fatal XID/AFID codes, benign storms, failed row remaps
 
 
 class Cause(StrEnum):
@@ -33,6 +34,7 @@ class Cause(StrEnum):
     PCIE = "pcie"  # PCIe replays, recoveries, NAKs
     MEMORY_BANDWIDTH = "memory_bandwidth"  # the GPU's own HBM saturated
     CO_TENANT = "co_tenant"  # another workload on the same GPU (noisy neighbour)
+    GPU_ERROR = "gpu_error"  # the GPU reported a fatal or reset-needing error (XID, AFID)
     SENSOR = "sensor"  # stuck sensor, dropout, sentinel
     TARGET_DOWN = "target_down"
     NONE = "none"  # no cause found on the same GPU, node or rack
