@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from hbmwatch.simulator.pods import PodMove, check_moves
 from hbmwatch.skus import SKUS, Vendor
 from hbmwatch.taxonomy import Cause, FindingKind
 from hbmwatch.validation import ConfigError, parse_duration
@@ -40,6 +41,10 @@ class Rack(_Strict):
     hbm_stack_sensors: bool = True
     #: How often the node's exporter refreshes its page (None: the scenario's).
     exporter_refresh: Duration | None = Field(None, ge=0, le=3600)
+    #: Kubernetes: each service runs in a pod that the exporter names on its GPU's lines.
+    pods: bool = False
+    #: Services on the first N GPUs of each node (None: every GPU); the rest idle.
+    services_per_node: int | None = Field(None, ge=0, le=8)
 
     @model_validator(mode="after")
     def _check(self) -> Rack:
@@ -102,6 +107,23 @@ class FaultKind(StrEnum):
     STUCK_SENSOR = "stuck_sensor"
     SENSOR_DROPOUT = "sensor_dropout"
     TARGET_DOWN = "target_down"
+    XID_FATAL = "xid_fatal"
+    XID_STORM = "xid_storm"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+
+
+#: GPU error faults: their nodes' exporters write the error families (simulator/errors.py).
+ERROR_FAULTS = (FaultKind.XID_FATAL, FaultKind.XID_STORM, FaultKind.ROW_REMAP_FAILURE)
+#: The codes a GPU error fault reports when the scenario names none, by vendor.  NVIDIA:
+#: XID 79 (fell off the bus); benign application XIDs 13/31/43 cycled (a repeat of one code
+#: is invisible in dcgm's last-XID gauge); XID 64 (row remap recording failed).  AMD: AFIDs
+#: 30 and 25 (DME's documented example of a fatal RAS event's AFID list).
+DEFAULT_CODES: dict[tuple[FaultKind, Vendor], tuple[int, ...]] = {
+    (FaultKind.XID_FATAL, Vendor.NVIDIA): (79,),
+    (FaultKind.XID_FATAL, Vendor.AMD): (30, 25),
+    (FaultKind.XID_STORM, Vendor.NVIDIA): (13, 31, 43),
+    (FaultKind.ROW_REMAP_FAILURE, Vendor.NVIDIA): (64,),
+}
 
 
 #: What each fault needs as a target, its default magnitude (and what that means), the
@@ -177,6 +199,27 @@ FAULT_SPECS: dict[FaultKind, dict[str, Any]] = {
         findings=(FindingKind.DATA_QUALITY,),
         cause=Cause.TARGET_DOWN,
     ),
+    FaultKind.XID_FATAL: dict(
+        level="gpu",
+        magnitude=10.0,
+        unit="s from the error until the GPU's fields read blank",
+        findings=(FindingKind.GPU_ERRORS, FindingKind.P99_REGRESSION),
+        cause=Cause.GPU_ERROR,
+    ),
+    FaultKind.XID_STORM: dict(
+        level="gpu",
+        magnitude=30.0,
+        unit="benign error events per minute",
+        findings=(FindingKind.GPU_ERRORS,),
+        cause=Cause.GPU_ERROR,
+    ),
+    FaultKind.ROW_REMAP_FAILURE: dict(
+        level="gpu",
+        magnitude=4.0,
+        unit="uncorrectable rows remapped (over the ramp) before the remap fails",
+        findings=(FindingKind.GPU_ERRORS,),
+        cause=Cause.GPU_ERROR,
+    ),
 }
 
 
@@ -201,6 +244,8 @@ class Fault(_Strict):
     #: regression scenario lists only the workload's regression, so that the fault counts
     #: as detected, and its cause as right, only through the regression's own ranking.
     expect: tuple[FindingKind, ...] | None = Field(None, min_length=1)
+    #: GPU error faults: the codes reported (XID or AFID; ``DEFAULT_CODES`` when absent).
+    codes: tuple[int, ...] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _check(self) -> Fault:
@@ -229,6 +274,8 @@ class Scenario(_Strict):
     racks: list[Rack] = Field(min_length=1)
     workload: Workload = Workload()
     faults: list[Fault] = []
+    #: Pods rescheduled between GPUs (``simulator/pods.py``); no fault, no incident expected.
+    moves: list[PodMove] = []
     #: How often every node's exporter refreshes its page; between refreshes it serves the
     #: same bytes, as dcgm-exporter (``-c 30000`` by default) and DME's cache do.  0: every
     #: step.  A rack's ``exporter_refresh`` overrides it.
@@ -314,12 +361,30 @@ def _check_targets(scenario: Scenario) -> None:
                     f"{where}.link: {sku.name} has links 0-{sku.fabric_links - 1}",
                     field=f"{where}.link",
                 )
+        if fault.kind in ERROR_FAULTS:
+            _check_error_fault(fault, hosts[t.host].vendor, where)  # type: ignore[index]
         if fault.onset >= scenario.duration:
             raise ConfigError(
                 f"faults[{i}].onset: {fault.onset:g} s is after the scenario ends "
                 f"({scenario.duration:g} s)",
                 field=f"faults[{i}].onset",
             )
+
+
+def fault_codes(fault: Fault, vendor: Vendor) -> tuple[int, ...]:
+    """The codes a GPU error fault reports on a GPU of ``vendor``."""
+    return fault.codes or DEFAULT_CODES[(fault.kind, vendor)]
+
+
+def _check_error_fault(fault: Fault, vendor: Vendor, where: str) -> None:
+    if fault.kind is FaultKind.ROW_REMAP_FAILURE and vendor is not Vendor.NVIDIA:
+        raise ConfigError(f"{where}: row_remap_failure is simulated on NVIDIA GPUs only",
+                          field=f"{where}.host")  # fmt: skip
+    if fault.codes is None and (fault.kind, vendor) not in DEFAULT_CODES:
+        raise ConfigError(
+            f"{where}: a {fault.kind.value} fault on {vendor.value} needs codes (AFIDs)",
+            field=f"{where}.codes",
+        )
 
 
 def _format_error(error: ValidationError) -> str:
@@ -355,6 +420,7 @@ def scenario_from_dict(data: dict[str, Any], origin: str = "scenario") -> Scenar
         raise ConfigError(f"{origin}: {_format_error(exc)}", field="scenario") from None
     try:
         _check_targets(scenario)
+        check_moves(scenario)
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}", **exc.detail) from None
     return scenario
