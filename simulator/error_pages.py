@@ -34,7 +34,9 @@ def _quote(pairs: list[tuple[str, str]]) -> str:
     return ",".join(f'{k}="{v}"' for k, v in pairs)
 
 
-def dcgm_error_families(exp: Exposition, node: Node, out: list[str], blank: list[bool] | None) -> None:
+def dcgm_error_families(
+    exp: Exposition, node: Node, out: list[str], blank: list[bool] | None
+) -> None:
     """Append the XID and row-remap families of a dcgm-exporter node page to ``out``."""
     errors = exp.errors
     assert errors is not None

@@ -71,9 +71,7 @@ class GpuErrors:
             elif fault.kind is FaultKind.ROW_REMAP_FAILURE:
                 self._remap(fault, g, t, active)
 
-    def _last_event(
-        self, fault: Fault, g: int, t: float
-    ) -> tuple[float | None, tuple[int, ...]]:
+    def _last_event(self, fault: Fault, g: int, t: float) -> tuple[float | None, tuple[int, ...]]:
         """When the fault's last event by ``t`` happened, and its codes."""
         codes = fault_codes(fault, self.fleet.gpus[g].sku.vendor)
         if fault.kind is FaultKind.XID_FATAL:

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hbmwatch.collector.spellings import Family, dcgm, dme, vllm
+from hbmwatch.simulator.error_pages import dcgm_error_families, dme_error_families
 from hbmwatch.simulator.fleet import Fleet, Node
 from hbmwatch.simulator.physics import Physics, R
-from hbmwatch.simulator.error_pages import dcgm_error_families, dme_error_families
 from hbmwatch.simulator.workloads import Workloads
 
 if TYPE_CHECKING:

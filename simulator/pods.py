@@ -144,8 +144,13 @@ class Placement:
             return
         pod = self.pod(service)
         self.history.setdefault(gpu, []).append(
-            {"namespace": pod.namespace, "pod": pod.name, "container": pod.container,
-             "service": pod.service, "since_s": since}  # fmt: skip
+            {
+                "namespace": pod.namespace,
+                "pod": pod.name,
+                "container": pod.container,
+                "service": pod.service,
+                "since_s": since,
+            }
         )
 
     def pods_during(self, gpu: int, start: float, end: float) -> list[str]:
