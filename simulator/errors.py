@@ -23,10 +23,39 @@ import numpy as np
 
 from hbmwatch.gpu_errors import lookup
 from hbmwatch.simulator.fleet import Fleet
-from hbmwatch.simulator.scenario import ERROR_FAULTS, Fault, FaultKind, fault_codes
+from hbmwatch.simulator.scenario import ERROR_FAULTS, Fault, FaultKind
+from hbmwatch.skus import Vendor
+from hbmwatch.validation import ConfigError
 
 #: DME's severity label of a RAS event's AFIDs, by fault kind.
 AFID_SEVERITY = {FaultKind.XID_FATAL: "fatal", FaultKind.XID_STORM: "non_fatal_corrected"}
+#: The codes a GPU error fault reports when the scenario names none, by vendor.  NVIDIA:
+#: XID 79 (fell off the bus); benign application XIDs 13/31/43 cycled (a repeat of one code
+#: is invisible in dcgm's last-XID gauge); XID 64 (row remap recording failed).  AMD: AFIDs
+#: 30 and 25 (DME's documented example of a fatal RAS event's AFID list).
+DEFAULT_CODES: dict[tuple[FaultKind, Vendor], tuple[int, ...]] = {
+    (FaultKind.XID_FATAL, Vendor.NVIDIA): (79,),
+    (FaultKind.XID_FATAL, Vendor.AMD): (30, 25),
+    (FaultKind.XID_STORM, Vendor.NVIDIA): (13, 31, 43),
+    (FaultKind.ROW_REMAP_FAILURE, Vendor.NVIDIA): (64,),
+}
+
+
+def fault_codes(fault: Fault, vendor: Vendor) -> tuple[int, ...]:
+    """The codes a GPU error fault reports on a GPU of ``vendor``."""
+    return fault.codes or DEFAULT_CODES[(fault.kind, vendor)]
+
+
+def check_error_fault(fault: Fault, vendor: Vendor, where: str) -> None:
+    """Refuse what the simulator cannot show: row remaps on AMD, AMD codes nobody named."""
+    if fault.kind is FaultKind.ROW_REMAP_FAILURE and vendor is not Vendor.NVIDIA:
+        raise ConfigError(f"{where}: row_remap_failure is simulated on NVIDIA GPUs only",
+                          field=f"{where}.host")  # fmt: skip
+    if fault.codes is None and (fault.kind, vendor) not in DEFAULT_CODES:
+        raise ConfigError(
+            f"{where}: a {fault.kind.value} fault on {vendor.value} needs codes (AFIDs)",
+            field=f"{where}.codes",
+        )
 
 
 class GpuErrors:

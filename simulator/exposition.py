@@ -110,14 +110,7 @@ class Exposition:
 
     def pod_pairs(self, gpu: int, exporter: str) -> list[tuple[str, str]]:
         """The pod labels the exporter puts on a GPU's lines (none without a pod)."""
-        pods = self.placement.pods_on(gpu) if self.placement is not None else []
-        if not pods:
-            return []
-        pod = pods[0]  # the exporters name one pod per device (partition 0's in CPX)
-        pairs = [("container", pod.container), ("namespace", pod.namespace), ("pod", pod.name)]
-        if exporter == "dcgm":
-            return [*pairs, ("pod_uid", pod.uid)]
-        return [*pairs, ("job_id", ""), ("job_partition", ""), ("job_user", "")]
+        return self.placement.pod_labels(gpu, exporter) if self.placement is not None else []
 
     def relabel(self, gpus: Iterable[int]) -> None:
         """Rebuild the label sets of GPUs whose pods changed."""

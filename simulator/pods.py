@@ -120,6 +120,17 @@ class Placement:
             return []
         return [self.pod(s) for s, g in enumerate(self.service_gpu) if g == gpu]
 
+    def pod_labels(self, gpu: int, exporter: str) -> list[tuple[str, str]]:
+        """The pod labels an exporter (``dcgm`` or ``dme``) writes on a GPU's lines."""
+        pods = self.pods_on(gpu)
+        if not pods:
+            return []
+        pod = pods[0]  # the exporters name one pod per device (partition 0's in CPX)
+        pairs = [("container", pod.container), ("namespace", pod.namespace), ("pod", pod.name)]
+        if exporter == "dcgm":
+            return [*pairs, ("pod_uid", pod.uid)]
+        return [*pairs, ("job_id", ""), ("job_partition", ""), ("job_user", "")]
+
     def pod(self, service: int) -> Pod:
         return make_pod(self.seed, self.fleet.services[service].name, self.generation[service])
 

@@ -114,16 +114,6 @@ class FaultKind(StrEnum):
 
 #: GPU error faults: their nodes' exporters write the error families (simulator/errors.py).
 ERROR_FAULTS = (FaultKind.XID_FATAL, FaultKind.XID_STORM, FaultKind.ROW_REMAP_FAILURE)
-#: The codes a GPU error fault reports when the scenario names none, by vendor.  NVIDIA:
-#: XID 79 (fell off the bus); benign application XIDs 13/31/43 cycled (a repeat of one code
-#: is invisible in dcgm's last-XID gauge); XID 64 (row remap recording failed).  AMD: AFIDs
-#: 30 and 25 (DME's documented example of a fatal RAS event's AFID list).
-DEFAULT_CODES: dict[tuple[FaultKind, Vendor], tuple[int, ...]] = {
-    (FaultKind.XID_FATAL, Vendor.NVIDIA): (79,),
-    (FaultKind.XID_FATAL, Vendor.AMD): (30, 25),
-    (FaultKind.XID_STORM, Vendor.NVIDIA): (13, 31, 43),
-    (FaultKind.ROW_REMAP_FAILURE, Vendor.NVIDIA): (64,),
-}
 
 
 #: What each fault needs as a target, its default magnitude (and what that means), the
@@ -362,29 +352,15 @@ def _check_targets(scenario: Scenario) -> None:
                     field=f"{where}.link",
                 )
         if fault.kind in ERROR_FAULTS:
-            _check_error_fault(fault, hosts[t.host].vendor, where)  # type: ignore[index]
+            from hbmwatch.simulator.errors import check_error_fault  # it imports this module
+
+            check_error_fault(fault, hosts[t.host].vendor, where)  # type: ignore[index]
         if fault.onset >= scenario.duration:
             raise ConfigError(
                 f"faults[{i}].onset: {fault.onset:g} s is after the scenario ends "
                 f"({scenario.duration:g} s)",
                 field=f"faults[{i}].onset",
             )
-
-
-def fault_codes(fault: Fault, vendor: Vendor) -> tuple[int, ...]:
-    """The codes a GPU error fault reports on a GPU of ``vendor``."""
-    return fault.codes or DEFAULT_CODES[(fault.kind, vendor)]
-
-
-def _check_error_fault(fault: Fault, vendor: Vendor, where: str) -> None:
-    if fault.kind is FaultKind.ROW_REMAP_FAILURE and vendor is not Vendor.NVIDIA:
-        raise ConfigError(f"{where}: row_remap_failure is simulated on NVIDIA GPUs only",
-                          field=f"{where}.host")  # fmt: skip
-    if fault.codes is None and (fault.kind, vendor) not in DEFAULT_CODES:
-        raise ConfigError(
-            f"{where}: a {fault.kind.value} fault on {vendor.value} needs codes (AFIDs)",
-            field=f"{where}.codes",
-        )
 
 
 def _format_error(error: ValidationError) -> str:
