@@ -11,6 +11,9 @@ land in vLLM's own histogram buckets.
 
 A training job's step takes as long as its slowest GPU's compute plus its collectives over
 the slowest link: one throttled GPU or one degraded link slows the whole job.
+
+A service on a GPU that fell off the bus (``xid_fatal``) stalls: a tenth of its requests
+finish, late.  A pod moved to another GPU (``simulator/pods.py``) takes its load along.
 """
 
 from __future__ import annotations
