@@ -12,6 +12,9 @@ import asyncio
 import copy
 import json
 import re
+import shutil
+import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,7 +45,7 @@ def recorded(name: str) -> Any:
 class Server:
     """A real HTTP server: ``routes[path] = (status, body)``; keeps each request seen."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.routes: dict[str, tuple[int, bytes]] = {}
         self.requests: list[tuple[str, dict[str, list[str]], str | None]] = []
         outer = self
@@ -65,8 +68,10 @@ class Server:
                 pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.port = self.httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
@@ -198,6 +203,48 @@ def test_in_cluster_address_and_its_absence(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     with pytest.raises(ConfigError, match=r"not in a pod .* and no api_url set"):
         api_base(KubernetesSettings())
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1, as a cluster's CA would sign the API's."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    argv = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+            "-addext", "subjectAltName=IP:127.0.0.1"]  # fmt: skip
+    subprocess.run(argv, check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def test_in_cluster_over_tls_with_the_ca_and_token_files(
+    certificate: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a pod: the address from KUBERNETES_SERVICE_*, the token and CA from files."""
+    cert, key = certificate
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    api = Server(tls)
+    try:
+        api.answer(PODS_PATH, recorded("podlist-dcgm-exporter.json"))
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(api.port))
+        token = tmp_path / "token"
+        token.write_text("sa-token")
+        exporters = [{"kind": "dcgm", "label_selector": SELECTOR}]
+        k8s = KubernetesSettings(token_file=str(token), ca_file=str(cert), exporters=exporters)  # type: ignore[arg-type]
+        found = KubernetesDiscovery(k8s, CollectorSettings())
+        assert asyncio.run(found.refresh()) and len(found.targets) == 2
+        assert api.requests[0][2] == "Bearer sa-token"
+        # The system's CAs do not know the cluster's: refused, in one line, nothing kept.
+        k8s = KubernetesSettings(token_file=str(token), exporters=exporters)  # type: ignore[arg-type]
+        stranger = KubernetesDiscovery(k8s, CollectorSettings())
+        assert not asyncio.run(stranger.refresh()) and stranger.targets == []
+        assert "CERTIFICATE_VERIFY_FAILED" in (stranger.last_error or "")
+    finally:
+        api.close()
 
 
 def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
