@@ -118,6 +118,24 @@ def test_split_without_a_store_secret_refuses_to_render() -> None:
         helm.Chart.load(CHART).render({"mode": "split"}, name="hbmwatch", namespace=NAMESPACE)
 
 
+@pytest.mark.parametrize(
+    ("values", "error"),
+    [
+        ({"mode": "splt"}, "at '/mode': value must be one of 'single', 'split'"),
+        ({"collector": {"shards": 0}}, "at '/collector/shards': minimum: got 0, want 1"),
+        ({"discovery": {"exporters": [{"kind": "nvml", "labelSelector": "a=b"}]}},
+         "at '/discovery/exporters/0/kind'"),
+        ({"discovery": {"exporters": [{"kind": "dcgm"}]}}, "labelSelector"),
+        ({"disovery": {"enabled": True}}, "additional properties 'disovery' not allowed"),
+    ],
+)  # fmt: skip
+def test_bad_values_are_refused_by_name(values: dict[str, Any], error: str) -> None:
+    """values.schema.json: a typo or a wrong value fails the install, naming the key."""
+    with pytest.raises(helm.HelmValuesError) as caught:
+        helm.Chart.load(CHART).render(values, name="hbmwatch", namespace=NAMESPACE)
+    assert error in str(caught.value)
+
+
 def test_the_prometheus_rule_is_what_hbmwatch_rules_writes() -> None:
     """The chart's copy is `hbmwatch rules --out deploy/helm/hbmwatch/files` at this code."""
     assert (CHART / "files" / RULES_FILE).read_text() == render_rules(), (
