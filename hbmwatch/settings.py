@@ -256,6 +256,15 @@ class KubernetesExporterSettings(_Section):
     interval_seconds: float | None = Field(None, gt=0, le=3600)
     timeout_seconds: float | None = Field(None, gt=0, le=600)
 
+    @field_validator("port")
+    @classmethod
+    def _port_number(cls, port: int | str) -> int | str:
+        """``"5000"`` is the port 5000 (a name has a letter, as Kubernetes requires)."""
+        number = int(port) if isinstance(port, str) and port.isdigit() else port
+        if isinstance(number, int) and not 1 <= number <= 65535:
+            raise ValueError(f"port {number} is not between 1 and 65535")
+        return number
+
 
 class KubernetesSettings(_Section):
     """Where the API server is; in a pod, its service account's token and CA by default."""

@@ -255,6 +255,9 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("HBMWATCH_COLLECTOR__KUBERNETES__EXPORTERS", json.dumps(exporters))
     settings = load_settings(empty)
     assert settings.collector.kubernetes.exporters[0].port == 5000
+    exporters[0]["port"] = "9400"  # a number written as a string is still a number
+    monkeypatch.setenv("HBMWATCH_COLLECTOR__KUBERNETES__EXPORTERS", json.dumps(exporters))
+    assert load_settings(empty).collector.kubernetes.exporters[0].port == 9400
     assert settings.collector.configured  # discovery counts as real targets: no simulator
     monkeypatch.setenv("HBMWATCH_COLLECTOR__KUBERNETES__EXPORTERS", '[{"kind": "dme"}]')
     with pytest.raises(ConfigError, match="label_selector"):
