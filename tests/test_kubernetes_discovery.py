@@ -358,6 +358,12 @@ def test_the_engine_picks_up_pods_found_later(api: Server) -> None:
         async def scenario() -> None:
             stop = asyncio.Event()
             running = asyncio.create_task(engine.run(stop))
+            found = engine.targets.discovery
+            assert found is not None
+            async with asyncio.timeout(30):
+                while found.refreshed == 0:  # the first listing: no pods yet
+                    await asyncio.sleep(0.01)
+            assert found.targets == []
             api.answer(PODS_PATH, {**pods, "items": pods["items"][:1]})
             async with asyncio.timeout(30):
                 while not hosts_of(sink.samples):
