@@ -33,8 +33,11 @@ CHART = REPO / "deploy" / "helm" / "hbmwatch"
 VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 CRDS = FIXTURES / "upstream" / "prometheus-operator"
 NAMESPACE = "gpu-monitoring"
-#: The newest Kubernetes whose schemas kubernetes_validate ships (strict: unknown fields fail).
+#: The newest Kubernetes whose schemas kubernetes_validate ships (strict: unknown fields
+#: fail), and the oldest the chart supports (Chart.yaml's kubeVersion).
 KUBE_VERSION = kubernetes_validate.latest_version()
+OLDEST_KUBE = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+OLDEST_KUBE = OLDEST_KUBE.removeprefix(">=").removesuffix("-0")
 
 
 def values_of(path: Path) -> dict[str, Any]:
@@ -62,14 +65,14 @@ def crd_schema(kind: str) -> dict[str, Any]:
     return version["schema"]["openAPIV3Schema"]
 
 
-def validate_manifest(doc: dict[str, Any]) -> None:
+def validate_manifest(doc: dict[str, Any], version: str = KUBE_VERSION) -> None:
     """Raise when ``doc`` is not a valid object of its kind."""
     if doc.get("apiVersion", "").startswith("monitoring.coreos.com/"):
         # Not check_schema: the CRD's patterns are Go's (a mid-pattern "(?i)"), which Python's
         # re refuses; a pattern is compiled only when its field is present.
         jsonschema.Draft7Validator(crd_schema(doc["kind"])).validate(doc)
     else:
-        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        kubernetes_validate.validate(doc, version, strict=True)
 
 
 def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -91,8 +94,10 @@ def test_the_chart_lints_clean(values: Path) -> None:
 def test_every_manifest_validates(values: Path) -> None:
     docs = rendered(values.name)
     assert workloads(docs), "no workload rendered"
+    assert OLDEST_KUBE == "1.28.0"  # StatefulSets label pods with their index from 1.28
     for doc in docs:
         validate_manifest(doc)
+        validate_manifest(doc, OLDEST_KUBE)
 
 
 def test_a_broken_manifest_fails_validation() -> None:
