@@ -248,7 +248,12 @@ class KubernetesDiscovery:
             for exporter in self.settings.exporters:
                 items = await self._list(exporter)
                 build = pod_targets if exporter.role == "pod" else slice_targets
-                found.extend(build(items, exporter, self.collector, skipped))
+                try:
+                    found.extend(build(items, exporter, self.collector, skipped))
+                except (AttributeError, TypeError, ValueError) as exc:  # a list where a map was
+                    raise DiscoveryError(
+                        f"{list_path(exporter)}: an item not shaped as the API's: {exc}"
+                    ) from None
         except DiscoveryError as exc:
             error = f"kubernetes discovery: {exc}; keeping the last {len(self.targets)} targets"
             if error != self.last_error:

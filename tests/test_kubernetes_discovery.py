@@ -176,6 +176,9 @@ def test_an_api_error_keeps_the_last_targets_and_says_why(
     assert "502 Bad Gateway: <html>bad gateway</html>" in found.last_error
     api.answer(PODS_PATH, b"not json")
     assert not asyncio.run(found.refresh()) and "not JSON" in found.last_error
+    api.answer(PODS_PATH, {"kind": "PodList", "items": [{"spec": [], "status": "Running"}]})
+    assert not asyncio.run(found.refresh()) and found.targets == kept
+    assert "/api/v1/pods: an item not shaped as the API's" in found.last_error
     api.close()  # the API server gone: a connection error, the same targets kept
     assert not asyncio.run(found.refresh()) and found.targets == kept
     assert "ConnectError" in found.last_error
