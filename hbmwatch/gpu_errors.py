@@ -32,11 +32,17 @@ class ErrorCode:
     source: str
 
 
-_XID_SOURCE = "NVIDIA XID catalog (docs.nvidia.com/deploy/xid-errors)"
+_XID_SOURCE = "NVIDIA Xid catalog (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html)"
 
+#: The XIDs an operator of A100/H100/H200 fleets meets, with the catalog's meaning.  The
+#: action is hbmwatch's reading of the catalog's resolution bucket: RESTART_APP and IGNORE
+#: -> benign (the application's fault, or news only as a storm); RESET_GPU and the ECC
+#: workflows -> needs_reset; a GPU gone from the bus or out of spare rows -> fatal.
 _XIDS: tuple[tuple[int, str, Action], ...] = (
     (13, "graphics engine exception (usually the application)", Action.BENIGN),
     (31, "GPU memory page fault (usually the application)", Action.BENIGN),
+    (32, "invalid or corrupted push buffer stream (driver, PCIe or memory)", Action.BENIGN),
+    (38, "driver firmware error", Action.NEEDS_RESET),
     (43, "GPU stopped processing (usually the application)", Action.BENIGN),
     (45, "preemptive cleanup after an earlier error", Action.BENIGN),
     (48, "double-bit ECC error", Action.NEEDS_RESET),
@@ -44,19 +50,37 @@ _XIDS: tuple[tuple[int, str, Action], ...] = (
     (62, "internal micro-controller halt", Action.NEEDS_RESET),
     (63, "ECC page retirement or row remap recorded", Action.BENIGN),
     (64, "ECC page retirement or row remap recording failed", Action.FATAL),
+    (68, "video decoder (NVDEC) exception", Action.BENIGN),
+    (69, "graphics engine class error (usually the application)", Action.BENIGN),
     (74, "NVLink error", Action.NEEDS_RESET),
     (79, "GPU has fallen off the bus", Action.FATAL),
     (92, "high single-bit ECC error rate", Action.BENIGN),
     (94, "contained ECC error", Action.NEEDS_RESET),
     (95, "uncontained ECC error", Action.NEEDS_RESET),
+    (109, "context switch timeout (usually the application)", Action.BENIGN),
     (119, "GSP RPC timeout", Action.NEEDS_RESET),
     (120, "GSP error", Action.NEEDS_RESET),
+    (121, "C2C link corrected error", Action.BENIGN),
     (140, "unrecovered ECC error", Action.NEEDS_RESET),
+    (143, "GPU initialization failure", Action.NEEDS_RESET),
+    (154, "GPU recovery action changed (reset, drain or node reboot required)", Action.NEEDS_RESET),
 )
 
+#: AMD Field IDs with a meaning that could be sourced.  The AFID event list that the
+#: exporter's docs point at (docs.amd.com/r/en-US/AMD_Field_ID_70122_v1.0/AFID-Event-List)
+#: could not be read from here, and no public code or page quotes its numbers with
+#: meanings, so the table holds none yet: every AFID is counted and looked up as UNKNOWN.
+_AFIDS: tuple[tuple[int, str, Action, str], ...] = ()
+
 CODES: dict[tuple[str, int], ErrorCode] = {
-    ("xid", code): ErrorCode("xid", code, meaning, action, _XID_SOURCE)
-    for code, meaning, action in _XIDS
+    **{
+        ("xid", code): ErrorCode("xid", code, meaning, action, _XID_SOURCE)
+        for code, meaning, action in _XIDS
+    },
+    **{
+        ("afid", code): ErrorCode("afid", code, meaning, action, source)
+        for code, meaning, action, source in _AFIDS
+    },
 }
 
 
@@ -73,3 +97,34 @@ def lookup(scheme: str, code: int | str) -> ErrorCode:
     if found is not None:
         return found
     return ErrorCode(scheme, number, f"{scheme.upper()} {number}", Action.UNKNOWN, "")
+
+
+def render_markdown() -> str:
+    """``docs/gpu-errors.md``; a test fails when the checked-in file differs."""
+    lines = [
+        "# GPU error codes",
+        "",
+        "Generated from `hbmwatch/gpu_errors.py` by `hbmwatch docs gpu-errors`; do not edit",
+        "by hand. The collector counts every code in `gpu_error_events_total{scheme, code}`",
+        '(docs/collector.md, "Errors and health"); a code missing here is counted all the',
+        "same and treated as `unknown`.",
+        "",
+        "Actions: **fatal**: the GPU is gone or unusable until the node is serviced;",
+        "**needs_reset**: the GPU works again after a reset or reboot; **benign**: the",
+        "application's own fault or information, news only as a storm.",
+        "",
+        "| scheme | code | meaning | action |",
+        "|---|---|---|---|",
+    ]
+    for entry in sorted(CODES.values(), key=lambda e: (e.scheme, e.code)):
+        lines.append(f"| {entry.scheme} | {entry.code} | {entry.meaning} | {entry.action.value} |")
+    sources = sorted({e.source for e in CODES.values()})
+    lines += ["", "## Sources", ""]
+    lines += [f"- {source}" for source in sources]
+    lines += [
+        "- AMD AFIDs: none yet. The AFID event list the AMD Device Metrics Exporter points at",
+        "  (docs.amd.com/r/en-US/AMD_Field_ID_70122_v1.0/AFID-Event-List) could not be read",
+        "  and no public source quotes its numbers with meanings; AFIDs are counted and",
+        "  shown as `unknown` until they are added here with a source.",
+    ]
+    return "\n".join(lines) + "\n"
