@@ -7,12 +7,15 @@ them into ``gpu_error_events_total{scheme, code}`` counters (collector/sources/g
 from __future__ import annotations
 
 import re
+from enum import IntEnum
 from pathlib import Path
 
 import pytest
 
+from hbmwatch.collector.sources.amdsmi import AmdSmiLibraryCollector
 from hbmwatch.collector.sources.dcgm import DcgmTranslator
 from hbmwatch.collector.sources.dme import DmeTranslator
+from hbmwatch.collector.sources.nvml import NvmlCollector
 from hbmwatch.collector.translate import Collected
 from hbmwatch.gpu_errors import CODES, Action, lookup, render_markdown
 from hbmwatch.metrics import ERROR_SCHEMES
@@ -21,6 +24,7 @@ from hbmwatch.records import Sample
 from hbmwatch.store.registry import validate_series
 from hbmwatch.store.store import Store
 from tests.conftest import NOW, REPO
+from tests.fakes.nvml import FakeNvml, nvmlEventTypeXidCriticalError
 
 T = int(NOW * 1000) - 600_000
 LKE = "upstream/linode-lke-ai-conformance/dcgm-exporter-k8s-page.prom"
@@ -228,6 +232,98 @@ def test_dme_gpu_health_is_the_overall_verdict(
     expected = [] if status is None else [status]
     assert values(out, "gpu_health_status", check="overall") == expected
     assert dict(out.dropped) == dropped
+
+
+# -- NVML in-process ----------------------------------------------------------------------------
+def test_nvml_xid_events_row_remaps_and_no_retired_pages_on_hopper() -> None:
+    nvml = FakeNvml(devices=2)
+    source = NvmlCollector(nvml, {"cluster": "c"}, host="h200")
+    source.open()
+    assert nvml.registered == {0: nvmlEventTypeXidCriticalError, 1: nvmlEventTypeXidCriticalError}
+    first = source.collect(T)
+    canonical(first)
+    assert values(first, "gpu_row_remaps_total", gpu="0", severity="uncorrectable") == [0.0]
+    assert values(first, "gpu_row_remap_pending", gpu="1") == [0.0]
+    assert values(first, "gpu_retired_pages") == []  # NOT_SUPPORTED on Hopper: skipped
+    assert "retired_pages_correctable" in source.unsupported["0"]
+    assert events(first) == {}
+    nvml.raise_xid(1, 79)
+    nvml.raise_xid(1, 79)
+    nvml.raise_xid(0, 13)
+    nvml.remapped = (0, 1, 1, 0)
+    second = source.collect(T + 1000)
+    canonical(second)
+    assert events(second) == {("1", "79"): [0.0, 2.0], ("0", "13"): [0.0, 1.0]}
+    assert values(second, "gpu_row_remap_pending", gpu="0") == [1.0]
+    assert values(second, "gpu_row_remaps_total", gpu="0", severity="uncorrectable") == [1.0]
+    third = source.collect(T + 2000)
+    assert events(third) == {("1", "79"): [2.0], ("0", "13"): [1.0]}  # nothing new waiting
+    source.close()
+    assert nvml.event_sets == 0
+
+
+def test_nvml_bad_event_is_dropped_and_counted() -> None:
+    nvml = FakeNvml()
+    source = NvmlCollector(nvml, host="h200")
+    source.open()
+    nvml.raise_xid(0, 0)  # no XID number
+    nvml.raise_xid(7, 79)  # not registered: never arrives
+    nvml.waiting.append(type(nvml.waiting[0])(device=5, eventType=8, eventData=31))
+    out = source.collect(T)
+    assert out.dropped["malformed"] == 2 and events(out) == {}
+    source.close()
+
+
+# -- amdsmi library ------------------------------------------------------------------------------
+class AmdSmiMemoryPageStatus(IntEnum):
+    """As the amdsmi Python package names the statuses of a bad page."""
+
+    RESERVED = 0
+    PENDING = 1
+    UNRESERVABLE = 2
+
+
+class BadPagesLib:
+    """The ``amdsmi`` calls the library collector makes, with three GPUs' bad-page answers:
+    two retired pages and one pending; the older library's "none" string; an error."""
+
+    calls = 0
+
+    def amdsmi_init(self) -> None: ...
+    def amdsmi_shut_down(self) -> None: ...
+    def amdsmi_get_processor_handles(self) -> list[int]:
+        return [0, 1, 2]
+
+    def amdsmi_get_gpu_metrics_info(self, handle: int) -> dict:
+        return {"temperature_mem": 61}
+
+    def amdsmi_get_gpu_bad_page_info(self, handle: int) -> list[dict] | str:
+        self.calls += 1
+        if handle == 2:
+            raise RuntimeError("AMDSMI_STATUS_NOT_SUPPORTED")
+        if handle == 1:
+            return "No bad pages found."
+        status = AmdSmiMemoryPageStatus
+        return [
+            {"value": i, "page_address": 0x1000 * i, "page_size": 4096, "status": s}
+            for i, s in enumerate([status.RESERVED, status.UNRESERVABLE, status.PENDING])
+        ]
+
+
+def test_amdsmi_bad_pages_become_retired_pages() -> None:
+    lib = BadPagesLib()
+    source = AmdSmiLibraryCollector(lib, host="mi300x")
+    source.open()
+    first = source.collect(T)
+    canonical(first)
+    assert values(first, "gpu_retired_pages", gpu="0", severity="uncorrectable") == [2.0]
+    assert values(first, "gpu_retired_pages_pending", gpu="0") == [1.0]
+    assert values(first, "gpu_retired_pages", gpu="1") == [0.0]
+    assert values(first, "gpu_retired_pages_pending", gpu="1") == [0.0]
+    assert values(first, "gpu_retired_pages", gpu="2") == []
+    assert first.dropped["unsupported"] >= 1
+    source.collect(T + 1000)
+    assert lib.calls == 5  # the GPU that refused is not asked again
 
 
 # -- through the store --------------------------------------------------------------------------

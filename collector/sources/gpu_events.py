@@ -48,7 +48,7 @@ class EventCounter:
         previous = self._last.get((device, scheme))
         self._last[(device, scheme)] = code
         if code != 0 and code != previous:
-            self._count(device, labels, scheme, code, 1)
+            self.count(device, labels, scheme, code, 1)
 
     def last_set(
         self, device: DeviceId, labels: Mapping[str, str], scheme: str, codes: Iterable[int]
@@ -59,7 +59,7 @@ class EventCounter:
         self._last[(device, scheme)] = current
         if current and current != previous:
             for code in current:
-                self._count(device, labels, scheme, code, 1)
+                self.count(device, labels, scheme, code, 1)
 
     def window_counts(
         self, device: DeviceId, labels: Mapping[str, str], scheme: str, counts: Mapping[int, int]
@@ -72,11 +72,12 @@ class EventCounter:
         for code, n in counts.items():
             rise = n - before.get(code, 0)
             if code != 0 and rise > 0:
-                self._count(device, labels, scheme, code, rise)
+                self.count(device, labels, scheme, code, rise)
 
-    def _count(
-        self, device: DeviceId, labels: Mapping[str, str], scheme: str, code: int, n: int
+    def count(
+        self, device: DeviceId, labels: Mapping[str, str], scheme: str, code: int, n: int = 1
     ) -> None:
+        """``n`` events of ``code`` (a source that reports each event, as NVML's do)."""
         key = (device, scheme, code)
         if key not in self._totals:
             self._totals[key] = 0
