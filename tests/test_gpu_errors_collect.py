@@ -94,6 +94,8 @@ def test_dcgm_xid_changes_count_one_event_each(fixtures_dir: Path, err_labels: b
         out = t.translate_text(lke_page(fixtures_dir, xid, err_labels=err_labels), T + i * 1000)
         canonical(out)
         seen.append(events(out))
+    shape = t._shape  # the last page's shape: XID lines are special lines of it
+    assert shape is not None and shape.usable and shape.special
     assert seen[1] == {}
     assert seen[2] == {("0", "79"): [0.0, 1.0]}  # a new counter starts at 0, just before
     assert seen[3] == {("0", "79"): [1.0]}
@@ -177,6 +179,21 @@ def test_dcgm_health_watches_become_health_status() -> None:
     status = {s.series.label("check"): s.value for s in out.samples}
     assert status == {"overall": 2.0, "pcie": 0.0, "memory": 2.0, "thermal": 1.0, "nvswitch": 2.0}
     assert out.dropped == {"unmapped": 1, "malformed": 1}  # CONNECTX; 5 is no DCGM result
+
+
+def test_dcgm_odd_error_lines_are_dropped_not_crashed_on() -> None:
+    """An XID count without a number, a health line without a watch (read as overall), an
+    XID line without a GPU."""
+    text = (
+        f'DCGM_EXP_XID_ERRORS_COUNT{{{DCGM_LABELS},xid="abc"}} 1\n'
+        f"DCGM_EXP_GPU_HEALTH_STATUS{{{DCGM_LABELS}}} 10\n"
+        'DCGM_FI_DEV_XID_ERRORS{Hostname="node-a"} 79\n'
+        f"DCGM_FI_DEV_ROW_REMAP_PENDING{{{DCGM_LABELS}}} 9223372036854775794\n"
+    )
+    out = DcgmTranslator().translate_text(text, T)
+    assert values(out, "gpu_health_status", check="overall") == [1.0]
+    assert dict(out.dropped) == {"malformed": 1, "no_device": 1, "sentinel": 1}
+    assert events(out) == {}
 
 
 # -- AMD Device Metrics Exporter --------------------------------------------------------------
