@@ -333,18 +333,11 @@ HEALTH_STATUS = "DCGM_EXP_GPU_HEALTH_STATUS"
 HEALTH_RESULTS = {0: 0.0, 10: 1.0, 20: 2.0}  # PASS, WARN, FAIL -> 0 pass, 1 warn, 2 fail
 HEALTH_WATCHES = {
     "ALL": "overall",
-    "PCIE": "pcie",
-    "NVLINK": "nvlink",
-    "PMU": "pmu",
-    "MCU": "mcu",
     "MEM": "memory",
-    "SM": "sm",
-    "INFOROM": "inforom",
-    "THERMAL": "thermal",
-    "POWER": "power",
-    "DRIVER": "driver",
     "NVSWITCH_NONFATAL": "nvswitch",
     "NVSWITCH_FATAL": "nvswitch",
+    **{w: w.lower() for w in ("PCIE", "NVLINK", "PMU", "MCU", "SM", "INFOROM", "THERMAL")},
+    **{w: w.lower() for w in ("POWER", "DRIVER")},
 }
 ERROR_FAMILIES: tuple[Family, ...] = (
     Family(
