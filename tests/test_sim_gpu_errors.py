@@ -265,3 +265,73 @@ def test_bad_error_faults_and_moves_say_what_is_wrong(change: dict, message: str
     with pytest.raises(ConfigError, match=message) as err:
         scenario_from_dict({**scenario([]), **change})
     assert "\n" not in str(err.value)
+
+
+# -- through the real collector -------------------------------------------------------------
+class _ListSink:
+    """The part of a BatchingSink that a scrape round uses."""
+
+    def __init__(self) -> None:
+        self.samples: list[Any] = []
+
+    def add(self, samples: list[Any]) -> None:
+        self.samples.extend(samples)
+
+
+async def _scrape(
+    sim: Simulation, steps: int
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The last value of every series the collector wrote from the fleet's exporter pages."""
+    from hbmwatch.collector.engine import ScrapeEngine
+    from hbmwatch.collector.targets import Target, TargetSet
+    from hbmwatch.settings import CollectorSettings
+    from hbmwatch.simulator.inprocess import InProcessServer
+
+    server = InProcessServer(sim)
+    served = await server.start()
+    settings = CollectorSettings()
+    targets = [Target(t.kind, t.url, dict(t.labels), 1.0, 60.0) for t in served
+               if t.kind in ("dcgm", "dme")]  # fmt: skip
+    sink = _ListSink()
+    engine = ScrapeEngine(TargetSet(settings, targets), sink, settings,  # type: ignore[arg-type]
+                          clock=lambda: sim.now_unix, transport=server.transport())  # fmt: skip
+    try:
+        for _ in range(steps):
+            sim.step()
+            await engine.scrape_round(round(sim.now_unix * 1000))
+    finally:
+        await engine.close()
+    keep = ("host", "gpu", "scheme", "code", "check", "severity", "reason")
+    return {(s.series.metric, tuple((k, v) for k, v in sorted(s.series.labels) if k in keep)):
+            s.value for s in sink.samples}  # fmt: skip
+
+
+def test_the_collector_reads_the_simulated_errors_as_canonical_series() -> None:
+    import asyncio
+
+    faults = [
+        xid_fatal(onset="20s"),
+        {"kind": "xid_storm", "target": {"host": "r0-node0", "gpu": 3}, "onset": "10s",
+         "end": "60s"},
+        {"kind": "row_remap_failure", "target": {"host": "r0-node0", "gpu": 4}, "onset": "10s",
+         "ramp": "20s"},
+        xid_fatal(host="r1-node0", gpu=1, onset="20s"),
+    ]  # fmt: skip
+    got = asyncio.run(_scrape(sim_of(scenario(faults)), 70))
+
+    def events(host: str, gpu: str, scheme: str, code: int) -> float | None:
+        key = (("code", str(code)), ("gpu", gpu), ("host", host), ("scheme", scheme))
+        return got.get(("gpu_error_events_total", key))
+
+    assert events("r0-node0", "2", "xid", 79) == 1
+    assert events("r0-node0", "4", "xid", 64) == 1
+    assert events("r1-node0", "1", "afid", 30) == events("r1-node0", "1", "afid", 25) == 1
+    storm = sum(events("r0-node0", "3", "xid", c) or 0 for c in (13, 31, 43))
+    assert storm == pytest.approx(25, abs=1)  # 50 s at 30 a minute, every one seen
+    remap = (("gpu", "4"), ("host", "r0-node0"))
+    assert got[("gpu_row_remap_failed", remap)] == 1
+    assert got[("gpu_row_remaps_total", (*remap, ("severity", "uncorrectable")))] == 4
+    health = ("gpu_health_status", (("check", "overall"), ("gpu", "1"), ("host", "r1-node0")))
+    assert got[health] == 2  # fail
+    sentinels = ("hbmwatch_scrape_dropped_total", (("host", "r0-node0"), ("reason", "sentinel")))
+    assert got[sentinels] > 0  # the GPU off the bus
