@@ -234,7 +234,7 @@ class Fault(_Strict):
     #: regression scenario lists only the workload's regression, so that the fault counts
     #: as detected, and its cause as right, only through the regression's own ranking.
     expect: tuple[FindingKind, ...] | None = Field(None, min_length=1)
-    #: GPU error faults: the codes reported (XID or AFID; ``DEFAULT_CODES`` when absent).
+    #: GPU error faults: the codes reported (XID or AFID; ``errors.DEFAULT_CODES`` if absent).
     codes: tuple[int, ...] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
