@@ -69,9 +69,7 @@ class Attribution:
         >>> a.key_for(d, [("modelName", "H100")]) is None
         True
         """
-        workload = tuple(
-            sorted((SPELLINGS[k], v) for k, v in labels if v and k in SPELLINGS)
-        )
+        workload = tuple(sorted((SPELLINGS[k], v) for k, v in labels if v and k in SPELLINGS))
         if not workload:
             return None
         placement = tuple(getattr(device, name) for name in WORKLOAD_PLACEMENT_LABELS)
@@ -88,7 +86,8 @@ class Attribution:
             return SeriesKey("", workload)
         for name, value in workload:
             self._values[name].add(value)
-        key = SeriesKey(METRIC, [*zip(WORKLOAD_PLACEMENT_LABELS, placement, strict=True), *workload])
+        place = zip(WORKLOAD_PLACEMENT_LABELS, placement, strict=True)
+        key = SeriesKey(METRIC, [*place, *workload])
         self._keys[(placement, workload)] = key
         return key
 

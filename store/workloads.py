@@ -38,8 +38,7 @@ def _wanted(key: SeriesKey, devices: list[Mapping[str, str]] | None) -> bool:
         return True
     labels = key.label_dict
     return any(
-        all(labels.get(p, "") == d[p] for p in PLACE if d.get(p)) and d.get("host")
-        for d in devices
+        all(labels.get(p, "") == d[p] for p in PLACE if d.get(p)) and d.get("host") for d in devices
     )
 
 

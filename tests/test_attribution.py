@@ -121,8 +121,9 @@ def test_slurm_missing_directory_is_one_warning_not_a_crash(tmp_path: Path) -> N
 def test_which_workloads_ran_on_these_gpus(store: Store) -> None:
     t = DcgmTranslator()
     base = DCGM_POD_PAGE.read_text()
-    early, late = base.replace("cuda-75454ffb9f-8ljq7", "early"), base.replace(
-        "cuda-75454ffb9f-8ljq7", "late"
+    early, late = (
+        base.replace("cuda-75454ffb9f-8ljq7", "early"),
+        base.replace("cuda-75454ffb9f-8ljq7", "late"),
     )
     for i in range(3):
         store.write(t.translate_text(early, T0 + i * 1000).samples)
