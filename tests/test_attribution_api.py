@@ -61,3 +61,26 @@ def test_devices_show_what_runs_on_them_now(client: TestClient, store: Store, cl
     clock.advance(600)  # nothing written since: nothing runs now
     items = client.get("/api/v1/devices", params={"host": "n1"}).json()["items"]
     assert all(d["workloads"] == [] for d in items)
+
+
+def test_the_incident_page_names_the_workloads(store: Store, clock: Clock) -> None:
+    from hbmwatch.api.main import create_app
+    from tests.test_api import settings_for
+
+    _attribute(store, clock)
+    _, incident_id = open_incident(store, clock)
+    html = TestClient(create_app(settings_for(store), store)).get(f"/incidents/{incident_id}").text
+    section = html.split('id="workloads"')[1].split("</section>")[0]
+    assert "n1 GPU 0" in section and "ml/llama-7b-5d9f" in section and "vllm" in section
+    assert "n1 GPU 1" in section and "4242" in section
+
+
+def test_an_incident_page_without_workloads_has_no_such_section(
+    store: Store, clock: Clock
+) -> None:
+    from hbmwatch.api.main import create_app
+    from tests.test_api import settings_for
+
+    _, incident_id = open_incident(store, clock)
+    html = TestClient(create_app(settings_for(store), store)).get(f"/incidents/{incident_id}").text
+    assert 'id="workloads"' not in html and 'id="alerts"' in html
