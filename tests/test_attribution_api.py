@@ -75,9 +75,7 @@ def test_the_incident_page_names_the_workloads(store: Store, clock: Clock) -> No
     assert "n1 GPU 1" in section and "4242" in section
 
 
-def test_an_incident_page_without_workloads_has_no_such_section(
-    store: Store, clock: Clock
-) -> None:
+def test_an_incident_page_without_workloads_has_no_such_section(store: Store, clock: Clock) -> None:
     from hbmwatch.api.main import create_app
     from tests.test_api import settings_for
 
