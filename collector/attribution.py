@@ -64,8 +64,6 @@ class Attribution:
         >>> d = Device(host="n1", gpu="0")
         >>> a.key_for(d, [("pod", "p1"), ("namespace", "ml"), ("pod_uid", "")]).text
         'gpu_workload_info{gpu="0",host="n1",namespace="ml",pod="p1"}'
-        >>> a.key_for(d, [("pod", "p2"), ("namespace", "ml")]).metric
-        ''
         >>> a.key_for(d, [("modelName", "H100")]) is None
         True
         """
