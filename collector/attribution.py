@@ -39,6 +39,16 @@ SPELLINGS: dict[str, str] = {
     "hpc_job": "job",
 }
 DEFAULT_CAP = 10_000
+#: Read back from a Prometheus (``kind = "prometheus"``), a series' plain ``namespace``,
+#: ``pod`` and ``container`` are the *target's* (Kubernetes service discovery: the
+#: exporter's own pod, on every line, GPU busy or not); the exporter's labels of the same
+#: names come renamed ``exported_*`` (``honor_labels: false``, the default).
+EXPORTED = {
+    "exported_namespace": "namespace",
+    "exported_pod": "pod",
+    "exported_container": "container",
+}
+TARGET_LABELS = frozenset(EXPORTED.values())
 
 
 class Attribution:
@@ -97,6 +107,16 @@ class Attribution:
                 cap=self.cap,
             )
         self._warned = True
+
+
+def federated_labels(labels: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A federated series' labels as its exporter's page showed them: the target's pod
+    labels left out, the exporter's (``exported_*``) under their own names.
+
+    >>> federated_labels([("gpu", "0"), ("pod", "dcgm-exporter-x"), ("exported_pod", "p1")])
+    [('gpu', '0'), ('pod', 'p1')]
+    """
+    return [(EXPORTED.get(k, k), v) for k, v in labels if k not in TARGET_LABELS]
 
 
 def distinct(keys: Iterable[SeriesKey | None]) -> list[SeriesKey]:

@@ -144,3 +144,20 @@ def vars_of(w: Workload) -> dict[str, str]:
 
 def test_no_attribution_stored_reads_nothing(store: Store) -> None:
     assert store.workloads([{"host": "n1", "gpu": "0"}], T0, T0 + 1000) == []
+
+
+def test_read_back_from_prometheus_the_exported_pod_labels_name_the_workload() -> None:
+    """Kubernetes SD puts the exporter's own pod on every line; the GPU's pod comes as
+    exported_pod.  A GPU with no workload names none (not the exporter's pod)."""
+    from hbmwatch.collector.sources.federated import FederatedTranslator
+
+    target = 'job="dcgm",instance="10.0.0.1:9400",namespace="gpu-operator",pod="dcgm-x"'
+    page = "\n".join([
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",Hostname="n1",{target},exported_namespace="ml",'
+        f'exported_pod="train-0",exported_container="trainer"}} 50 {T0}',
+        f'DCGM_FI_DEV_GPU_TEMP{{gpu="1",Hostname="n1",{target}}} 40 {T0}',
+    ])  # fmt: skip
+    out = FederatedTranslator().translate_text(page + "\n", T0)
+    assert _info(out) == [{"host": "n1", "gpu": "0", "namespace": "ml", "pod": "train-0",
+                           "container": "trainer"}]  # fmt: skip
+    assert all(not WORKLOAD_LABELS & set(s.series.label_dict) for s in _device_series(out))
