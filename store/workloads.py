@@ -22,6 +22,7 @@ from hbmwatch.store.tiered import series_with_samples
 METRIC = "gpu_workload_info"
 #: Where a device is named by these, an info series must agree (empty: any).
 PLACE = ("cluster", "host", "gpu", "partition")
+_NAME = Matcher("__name__", MatchOp.EQ, METRIC)
 
 
 def workload_of(key: SeriesKey) -> Workload:
@@ -50,6 +51,12 @@ class WorkloadQueries:
     now_ms: Callable[[], int]
 
     @guard
+    def any_workloads(self) -> bool:
+        """Whether any attribution series is stored (one cheap check per alerting cycle)."""
+        self.series_registry.refresh()
+        return bool(self.series_registry.select_matching([_NAME]))
+
+    @guard
     def workloads(
         self, devices: Iterable[Mapping[str, str]] | None, lo_ms: int, hi_ms: int,
         limit: int = 1000,
@@ -61,7 +68,7 @@ class WorkloadQueries:
         if wanted == [] or hi_ms < lo_ms:
             return []
         self.series_registry.refresh()
-        found = self.series_registry.select_matching([Matcher("__name__", MatchOp.EQ, METRIC)])
+        found = self.series_registry.select_matching([_NAME])
         found = [(sid, key) for sid, key in found if _wanted(key, wanted)]
         if not found:
             return []

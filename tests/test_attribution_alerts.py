@@ -73,3 +73,13 @@ def test_a_host_finding_asks_nothing(store: Store, clock: Clock) -> None:
     host = {"cluster": "c0", "rack": "r0", "host": "n1"}
     svc.process([stated(clock, FindingKind.THERMAL_EXCURSION, host)])
     assert asked == []
+
+
+def test_without_attribution_a_cycle_asks_the_store_once(store: Store, clock: Clock) -> None:
+    svc = alerting(store)
+    calls: list[str] = []
+    real_any, real_workloads = store.any_workloads, store.workloads
+    store.any_workloads = lambda: calls.append("any") or real_any()  # type: ignore[method-assign]
+    store.workloads = lambda *a, **k: calls.append("workloads") or real_workloads(*a, **k)  # type: ignore[method-assign]
+    svc.process([stated(clock, FindingKind.THROTTLE, gpu("r0", "n1", g)) for g in range(8)])
+    assert calls == ["any"]
