@@ -19,7 +19,7 @@ from hbmwatch.store.store import Store
 from tests.conftest import FIXTURES, NOW
 
 AMD_UPSTREAM = FIXTURES / "upstream" / "amd-device-metrics-exporter"
-DCGM_POD_PAGE = FIXTURES / "upstream" / "lke-ai-conformance" / "dcgm-exporter-pod-labels.prom"
+DCGM_POD_PAGE = FIXTURES / "upstream" / "linode-lke-ai-conformance" / "dcgm-exporter-k8s-page.prom"
 DME_JOB_LINE = AMD_UPSTREAM / "readme-slurm-job-series.prom"
 T0 = int(NOW * 1000) - 600_000
 WORKLOAD_LABELS = {"namespace", "pod", "container", "job", "pod_uid", "job_id"}
