@@ -14,7 +14,7 @@ import numpy as np
 
 from hbmwatch.detectors.frame import TABLE_LABELS, TABLES, Entities, Frame, SeriesIndex
 from hbmwatch.detectors.frame_grid import LAST, REDUCE_OF_SIGNAL, SUM, Grid, Plan, Samples
-from hbmwatch.detectors.signals import MAX_STACKS, SIGNAL_CODE, SIGNALS, route
+from hbmwatch.detectors.signals import MAX_STACKS, SIGNAL_CODE, SIGNALS, error_code, route
 from hbmwatch.records import SeriesKey
 from hbmwatch.store.feed import SampleBlock
 
@@ -70,6 +70,9 @@ class FrameBuilder:
         self._pair: list[int] = []  # fabric series: index into _pairs, else -1
         self._pairs: list[tuple[int, str]] = []  # (GPU entity, link) of fabric series
         self._pair_of: dict[tuple[int, str], int] = {}
+        self._code: list[str] = []  # error event series: its code (``xid:79``), else ""
+        self._born: list[bool] = []  # a counter first seen after the first frame (see _add)
+        self._frames = 0
         self._entities = [Entities(), Entities(), Entities()]
         self._cols: dict[str, np.ndarray] = {}
         self._plan: Plan | None = None  # where the last frame's series went
@@ -117,6 +120,12 @@ class FrameBuilder:
             if pair == len(self._pairs):
                 self._pairs.append((self._entity[-1], self._link[-1]))
         self._pair.append(pair)
+        code = error_code(key) if r is not None and key is not None else None
+        self._code.append(code or "")
+        # An error counter is born at its first event (value 1): one first seen after the
+        # builder's first frame counts from zero, or that event would be lost.  Series
+        # present in the first frame (a restart) are not counted again.
+        self._born.append(code is not None and self._frames > 0)
         return slot
 
     def _grow(self) -> None:
@@ -124,6 +133,8 @@ class FrameBuilder:
         for name in ("_table", "_signal", "_entity", "_stack", "_how"):
             self._cols[name] = np.asarray(getattr(self, name), dtype=np.int64)
         self._cols["link_pair"] = np.asarray(self._pair, dtype=np.int64)
+        self._cols["error"] = np.asarray([bool(c) for c in self._code], dtype=bool)
+        self._cols["born"] = np.asarray(self._born, dtype=bool)
         table, how = self._cols["_table"], self._cols["_how"]
         self._cols["fabric"] = (table == 0) & (
             self._cols["_signal"] == SIGNAL_CODE["fabric_errors"]
@@ -160,6 +171,7 @@ class FrameBuilder:
         gauges = self._gauges(frame, slot, kind, ts, vals)
         counters = self._counters(frame, slot, kind, ts, vals)
         self._scatter(frame, gauges, counters)
+        self._frames += 1
         return frame
 
     def _gauges(
@@ -230,6 +242,11 @@ class FrameBuilder:
         prev = np.empty(len(v))
         prev[1:] = v[:-1]
         prev[first] = self._last[slot[first]]
+        born = first & self._cols["born"][slot] & np.isnan(prev)
+        if born.any():  # rare: a GPU's first event of a code
+            prev[born] = 0.0
+            for s in slot[born].tolist():
+                self._born[s] = self._cols["born"][s] = False
         delta, reset = counter_deltas(prev, v)
         self._last[slot[last]] = v[last]
         self._last_ms[slot[last]] = t[last]
@@ -239,6 +256,7 @@ class FrameBuilder:
                 key = gpus.keys[self._entity[s]]
                 frame.resets[key] = frame.resets.get(key, 0) + 1
         self._link_errors(frame, slot, t, delta)
+        self._error_codes(frame, slot, t, delta)
         frac = np.flatnonzero(self._cols["kind"][slot] == 2)
         if len(frac):  # seconds of throttling per step -> fraction of the step
             dt = np.where(first[frac], frame.step_ms, t[frac] - t[frac - 1]) / 1000.0
@@ -262,6 +280,17 @@ class FrameBuilder:
         for j in np.argsort(first).tolist():
             entity, link = self._pairs[int(pairs[j])]
             frame.link_errors.setdefault(gpus.keys[entity], {})[link] = float(totals[j])
+
+    def _error_codes(
+        self, frame: Frame, slot: np.ndarray, t: np.ndarray, delta: np.ndarray
+    ) -> None:
+        """GPU error events in the frame per GPU and code: what the detector names."""
+        up = np.flatnonzero(delta > 0)
+        up = up[self._cols["error"][slot[up]] & (t[up] >= frame.start_ms)]
+        gpus = self._entities[TABLES.index("gpu")]
+        for s, n in zip(slot[up].tolist(), delta[up].tolist(), strict=True):  # rare events
+            codes = frame.gpu_errors.setdefault(gpus.keys[self._entity[s]], {})
+            codes[self._code[s]] = codes.get(self._code[s], 0.0) + n
 
     def _scatter(self, frame: Frame, gauges: Samples, counters: Samples) -> None:
         """Lay the samples on the grid: one scatter per reduction, no sort by signal.
