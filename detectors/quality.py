@@ -27,6 +27,7 @@ from hbmwatch.detectors.base import (
     make_finding,
 )
 from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.quality_explained import explained
 from hbmwatch.detectors.quality_sensors import (
     GAPS,
     TEMPS,
@@ -35,7 +36,6 @@ from hbmwatch.detectors.quality_sensors import (
     gpu_entity,
     sensor_values,
 )
-from hbmwatch.detectors.quality_explained import explained
 from hbmwatch.detectors.quality_targets import TargetChecks
 from hbmwatch.records import Evidence, Finding, RankedCause
 from hbmwatch.settings import DetectionSettings

@@ -11,6 +11,10 @@ between the windows against a reference size (``REFS``), weighed by
   ranked first (a GEMM's power cap 60 s after a copy slowed the requests did not cause it);
 * **lagged correlation**: the candidate leading the workload's latency excess by 0-30 s.
 
+A GPU error is the one candidate read from a finding rather than a signal: a critical
+``gpu_errors`` finding open on the GPU explains the regression outright
+(``detectors/rootcause_errors.py``).
+
 Every cause names its entity (the GPU, rack or cluster it is about) and carries the
 evidence series with its window, lag and strength; a cause without evidence (``none``)
 is never shown as confident.
@@ -36,8 +40,8 @@ import numpy as np
 
 from hbmwatch.detectors.frame import Frame
 from hbmwatch.detectors.heatscope import heat_scope
-from hbmwatch.detectors.rootcause_errors import gpu_error_cause, gpu_error_findings
 from hbmwatch.detectors.leadlag import change, lagged_corr, onset, resolution
+from hbmwatch.detectors.rootcause_errors import gpu_error_cause, gpu_error_findings
 from hbmwatch.records import (
     NO_EVIDENCE,
     Evidence,

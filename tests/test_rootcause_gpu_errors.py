@@ -18,7 +18,7 @@ from hbmwatch.detectors.signals import MAX_STACKS
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity
 from hbmwatch.settings import AlertSettings
 from hbmwatch.taxonomy import Cause, FindingKind
-from tests.test_detect_rootcause import GPU, ONSET, T, healthy, history, rank, ramp, regression
+from tests.test_detect_rootcause import GPU, ONSET, T, healthy, history, ramp, rank, regression
 
 GKEY = "c/h1/2"
 
