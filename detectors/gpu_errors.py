@@ -226,12 +226,12 @@ class GpuErrors:
             g: kept for g, ev in self.benign_.items() if (kept := [e for e in ev if e[0] > since])
         }
         horizon = t_ms - max(self.fatal_hold_s, self.hold_s) * 1000
-        for gkey in list(self.codes_):
+        for gkey in [g for g in self.codes_ if g not in self.open_]:
             row = self.gpus_.index.get(gkey)
-            last = -np.inf if row is None else np.nanmax(
-                [self.gpus_[f][row] for f in ("fatal_ms_", "reset_ms_", "benign_ms_")] + [-np.inf]
-            )  # fmt: skip
-            if gkey not in self.open_ and last < horizon:
+            times = [] if row is None else [
+                float(self.gpus_[f][row]) for f in ("fatal_ms_", "reset_ms_", "benign_ms_")
+            ]  # fmt: skip
+            if max((t for t in times if not np.isnan(t)), default=-np.inf) < horizon:
                 self.codes_.pop(gkey)
                 self.last_code_.pop(gkey, None)
 
