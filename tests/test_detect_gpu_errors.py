@@ -219,3 +219,27 @@ def test_remap_and_health_take_the_worst_check_and_bad_codes_are_ignored() -> No
                 0, 1000, 1000)  # fmt: skip
     assert f.g("health").tolist() == [[2.0]] and f.g("remap_failed").tolist() == [[0.0]]
     assert "err_benign" not in f.gpu and "err_fatal" not in f.gpu
+
+
+def test_from_series_to_finding_through_the_builder() -> None:
+    """The collector's counter, born at the event, through a real frame builder."""
+    b, det = FrameBuilder(SERIES.get), GpuErrors()
+    assert det.update(b.build(block([(1, 0, 50.0), (5, 0, 0.0)]), 0, 5000, 1000)) == []
+    f = b.build(block([(1, 5000, 50.0), (3, 6000, 1.0), (6, 6000, 2.0)]), 5000, 10000, 1000)
+    (found,) = det.update(f)
+    assert found.summary == "XID 79 on r0-node1 GPU 3: GPU has fallen off the bus (fatal)"
+    assert found.started_ms == 6000 and {e.statistic for e in found.evidence} == {
+        "error_events", "health_status"
+    }  # fmt: skip
+
+
+def test_a_gpu_gone_from_the_frames_still_closes_after_its_hold() -> None:
+    det = GpuErrors(hold_s=120)
+    det.update(with_codes(frame(0, err_reset=[1]), xid_119=1))
+    other = Entities()
+    other.add("c/r0-node2/0", {**GPU, "host": "r0-node2", "gpu": "0"})
+    empty = Frame(180_000, 1000, 60, other, Entities(), Entities(), {},
+                  np.full((1, MAX_STACKS, 60), np.nan), {}, {}, {}, {}, {})  # fmt: skip
+    (closed,) = det.update(empty)
+    assert closed.ended_ms == 239_000 and closed.entity["host"] == "r0-node1"
+    assert "XID 119" in closed.summary and det.open_ == {}
