@@ -255,6 +255,17 @@ def docs_metrics(
     console.print(f"wrote {output}")
 
 
+@docs_app.command("gpu-errors")
+def docs_gpu_errors(
+    output: Annotated[Path, typer.Option(help="Where to write it.")] = Path("docs/gpu-errors.md"),
+) -> None:
+    """Write docs/gpu-errors.md from the GPU error code table."""
+    from hbmwatch.gpu_errors import render_markdown
+
+    output.write_text(render_markdown())
+    console.print(f"wrote {output}")
+
+
 @docs_app.command("skus")
 def docs_skus(
     output: Annotated[Path, typer.Option(help="Where to write it.")] = Path("docs/skus.md"),

@@ -140,6 +140,7 @@ class ScrapeEngine:
         return int(self.clock() * 1000)
 
     async def __aenter__(self) -> ScrapeEngine:
+        await self.targets.start()  # discovered targets (Kubernetes) before the first round
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -147,6 +148,7 @@ class ScrapeEngine:
 
     async def close(self) -> None:
         """Close every target's connection."""
+        await self.targets.aclose()
         for state in self._states.values():
             if state.client is not None:
                 await state.client.aclose()
@@ -316,6 +318,7 @@ class ScrapeEngine:
         async with self:
             flusher = asyncio.create_task(self._flush_loop(stop))
             local = asyncio.create_task(self._local_loop(stop))
+            watch = asyncio.create_task(self.targets.watch(stop))
             try:
                 while not stop.is_set():
                     current = {t.id: t for t in self.current_targets()}
@@ -334,8 +337,9 @@ class ScrapeEngine:
                 if not stop.is_set():  # cancelled: the loops would wait for a stop never set
                     flusher.cancel()
                     local.cancel()
+                watch.cancel()
                 await asyncio.gather(*tasks.values(), return_exceptions=True)
-                await asyncio.gather(flusher, local, return_exceptions=True)
+                await asyncio.gather(flusher, local, watch, return_exceptions=True)
                 await self.sink.flush()
 
     async def _target_loop(self, target: Target, stop: asyncio.Event) -> None:

@@ -14,15 +14,20 @@ With ``collector.shard = "i/N"`` a collector keeps only the targets whose URL ha
 shard i (``hbmwatch.sharding``, Prometheus' ``hashmod``).  The filter runs on every
 ``current()``, so a re-read target file re-balances too, and nothing is remembered: a
 restart with another N re-balances at once.
+
+With ``[[collector.kubernetes.exporters]]`` the exporter pods found on the API server join
+them (``collector/kubernetes.py``): listed once when the engine starts (``start``), then
+every ``refresh_seconds`` (``watch``); an API error keeps the last pods.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -30,6 +35,9 @@ from hbmwatch import log
 from hbmwatch.settings import CollectorSettings, TargetSettings
 from hbmwatch.sharding import Shard
 from hbmwatch.validation import ConfigError
+
+if TYPE_CHECKING:
+    from hbmwatch.collector.kubernetes import KubernetesDiscovery
 
 logger = log.get("hbmwatch.collector")
 _TARGETS = TypeAdapter(list[TargetSettings])
@@ -137,12 +145,18 @@ class TargetSet:
         self._file_stamp: tuple[float, int] | None = None
         self._from_file: list[Target] = []
         self.last_error: str | None = None
+        self.discovery: KubernetesDiscovery | None = None
+        if settings.kubernetes.exporters:
+            from hbmwatch.collector.kubernetes import KubernetesDiscovery  # imports this module
+
+            self.discovery = KubernetesDiscovery(settings.kubernetes, settings)
 
     def current(self) -> list[Target]:
         if self._file is not None:
             self._reload()
         seen: dict[str, Target] = {}
-        for target in self._static + self._from_file:
+        found = self.discovery.targets if self.discovery is not None else []
+        for target in self._static + self._from_file + found:
             seen.setdefault(target.id, target)
         self.total = len(seen)
         return [t for t in seen.values() if self.shard.owns(t.url)]
@@ -176,3 +190,17 @@ class TargetSet:
         except ConfigError as exc:
             self.last_error = str(exc)
             logger.error("target file not loaded; keeping the last targets", error=str(exc))
+
+    async def start(self) -> None:
+        """The first listing of discovered targets, before the first round."""
+        if self.discovery is not None:
+            await self.discovery.refresh()
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Keep discovered targets fresh until ``stop`` (returns at once without discovery)."""
+        if self.discovery is not None:
+            await self.discovery.run(stop)
+
+    async def aclose(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.aclose()

@@ -32,31 +32,122 @@ class ErrorCode:
     source: str
 
 
-_XID_SOURCE = "NVIDIA XID catalog (docs.nvidia.com/deploy/xid-errors)"
-
-_XIDS: tuple[tuple[int, str, Action], ...] = (
-    (13, "graphics engine exception (usually the application)", Action.BENIGN),
-    (31, "GPU memory page fault (usually the application)", Action.BENIGN),
-    (43, "GPU stopped processing (usually the application)", Action.BENIGN),
-    (45, "preemptive cleanup after an earlier error", Action.BENIGN),
-    (48, "double-bit ECC error", Action.NEEDS_RESET),
-    (61, "internal micro-controller breakpoint", Action.NEEDS_RESET),
-    (62, "internal micro-controller halt", Action.NEEDS_RESET),
-    (63, "ECC page retirement or row remap recorded", Action.BENIGN),
-    (64, "ECC page retirement or row remap recording failed", Action.FATAL),
-    (74, "NVLink error", Action.NEEDS_RESET),
-    (79, "GPU has fallen off the bus", Action.FATAL),
-    (92, "high single-bit ECC error rate", Action.BENIGN),
-    (94, "contained ECC error", Action.NEEDS_RESET),
-    (95, "uncontained ECC error", Action.NEEDS_RESET),
-    (119, "GSP RPC timeout", Action.NEEDS_RESET),
-    (120, "GSP error", Action.NEEDS_RESET),
-    (140, "unrecovered ECC error", Action.NEEDS_RESET),
+_XID_CATALOG = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
+_XID_MIRROR = (
+    "github.com/leptonai/gpud components/accelerator/nvidia/xid/catalog_generated.go "
+    "(generated from the catalog 2025-10-29; commit 4a8de33a3f02e207f39e9023d67125592d599731)"
 )
 
+#: The catalog's immediate-action buckets -> what an operator has to do.  RESTART_BM (a
+#: bare-metal restart) is fatal; RESET_GPU and the workflows that end in one need a reset;
+#: RESTART_APP and IGNORE are the application's or nobody's: news only as a storm.
+_BUCKETS: dict[str, Action] = {
+    "RESTART_BM": Action.FATAL,
+    "CONTACT_SUPPORT": Action.FATAL,
+    "RESET_GPU": Action.NEEDS_RESET,
+    "WORKFLOW_XID_48": Action.NEEDS_RESET,
+    "WORKFLOW_NVLINK_ERR": Action.NEEDS_RESET,
+    "WORKFLOW_NVLINK5_ERR": Action.NEEDS_RESET,
+    "XID_154": Action.NEEDS_RESET,
+    "RESTART_APP": Action.BENIGN,
+    "IGNORE": Action.BENIGN,
+    "WORKFLOW_XID_45": Action.BENIGN,
+}
+
+#: The XIDs an operator of A100/H100/H200 (and B200) fleets meets: code, the catalog's
+#: description, mnemonic and immediate action, and hbmwatch's action where it differs from
+#: the bucket's: a failed memory retirement leaves the GPU without spares (it needs
+#: service); XID 61, unused since Ampere, was a micro-controller warning before (a reset).
+_XIDS: tuple[tuple[int, str, str, str, Action | None], ...] = (
+    (8, "GPU stopped processing", "ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT", "RESTART_APP", None),
+    (13, "Graphics Engine Exception", "ROBUST_CHANNEL_GR_EXCEPTION", "RESTART_APP", None),
+    (31, "GPU memory page fault", "ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT", "RESTART_APP", None),
+    (
+        32,
+        "Invalid or corrupted push buffer stream",
+        "ROBUST_CHANNEL_PBDMA_ERROR",
+        "RESTART_APP",
+        None,
+    ),
+    (38, "Driver firmware error", "ROBUST_CHANNEL_FECS_ERR_WATCHDOG_TIMEOUT", "IGNORE", None),
+    (43, "GPU stopped processing", "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", "IGNORE", None),
+    (
+        45,
+        "Preemptive cleanup, due to previous errors",
+        "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL",
+        "WORKFLOW_XID_45",
+        None,
+    ),
+    (48, "Double Bit ECC Error", "ROBUST_CHANNEL_GPU_ECC_DBE", "WORKFLOW_XID_48", None),
+    (
+        61,
+        "Internal micro-controller breakpoint (unused since Ampere)",
+        "PMU_BREAKPOINT",
+        "CONTACT_SUPPORT",
+        Action.NEEDS_RESET,
+    ),
+    (62, "Internal micro-controller halt", "PMU_HALT_ERROR", "RESET_GPU", None),
+    (63, "GPU memory remapping event", "INFOROM_DRAM_RETIREMENT_EVENT", "IGNORE", None),
+    (
+        64,
+        "GPU memory remapping failure",
+        "INFOROM_DRAM_RETIREMENT_FAILURE",
+        "RESET_GPU",
+        Action.FATAL,
+    ),
+    (68, "NVDEC0 Exception", "ROBUST_CHANNEL_NVDEC0_ERROR", "RESTART_APP", None),
+    (69, "Graphics Engine class error", "ROBUST_CHANNEL_GR_CLASS_ERROR", "RESTART_APP", None),
+    (74, "NVLINK Error", "NVLINK_ERROR", "WORKFLOW_NVLINK_ERR", None),
+    (
+        79,
+        "GPU has fallen off the bus",
+        "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
+        "RESTART_BM",
+        None,
+    ),
+    (92, "High single-bit ECC error rate", "EXCESSIVE_SBE_INTERRUPTS", "IGNORE", None),
+    (94, "Contained memory error", "ROBUST_CHANNEL_CONTAINED_ERROR", "RESTART_APP", None),
+    (95, "Uncontained memory error", "ROBUST_CHANNEL_UNCONTAINED_ERROR", "RESET_GPU", None),
+    (109, "Context Switch Timeout Error", "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "RESET_GPU", None),
+    (119, "GSP RPC Timeout", "GSP_RPC_TIMEOUT", "RESET_GPU", None),
+    (120, "GSP Error", "GSP_ERROR", "RESET_GPU", None),
+    (121, "C2C Error", "C2C_ERROR", "IGNORE", None),
+    (136, "Link Training Failed", "ALI_TRAINING_FAIL", "RESET_GPU", None),
+    (137, "NVLink Privilege Error", "NVLINK_PRIV_ERR", "IGNORE", None),
+    (140, "ECC Unrecovered Error", "UNRECOVERABLE_ECC_ERROR_ESCAPE", "RESET_GPU", None),
+    (143, "GPU Initialization Error", "GPU_INIT_ERROR", "RESET_GPU", None),
+    (144, "NVLINK: SAW Error", "NVLINK_SAW_ERROR", "WORKFLOW_NVLINK5_ERR", None),
+    (145, "NVLINK: RLW Error", "NVLINK_RLW_ERROR", "WORKFLOW_NVLINK5_ERR", None),
+    (146, "NVLINK: TLW Error", "NVLINK_TLW_ERROR", "WORKFLOW_NVLINK5_ERR", None),
+    (147, "NVLINK: TREX Error", "NVLINK_TREX_ERROR", "WORKFLOW_NVLINK5_ERR", None),
+    (148, "NVLINK: NVLPW_CTRL Error", "NVLINK_NVLPW_CTRL_ERROR", "WORKFLOW_NVLINK5_ERR", None),
+    (149, "NVLINK: NETIR Error", "NVLINK_NETIR_ERROR", "WORKFLOW_NVLINK5_ERR", None),
+    (150, "NVLINK: MSE Error", "NVLINK_MSE_ERROR", "WORKFLOW_NVLINK5_ERR", None),
+    (154, "GPU Recovery Action Changed", "GPU_RECOVERY_ACTION_CHANGED", "XID_154", None),
+    (155, "NVLINK: SW Defined Error", "NVLINK_SW_DEFINED_ERROR", "RESET_GPU", None),
+    (156, "Resource Retirement Event", "RESOURCE_RETIREMENT_EVENT", "RESET_GPU", None),
+    (157, "Resource Retirement Failure", "RESOURCE_RETIREMENT_FAILURE", "IGNORE", Action.FATAL),
+    (158, "GPU Fatal Timeout", "GPU_FATAL_TIMEOUT", "RESET_GPU", None),
+)
+
+
+def _xid(code: int, meaning: str, mnemonic: str, bucket: str, override: Action | None) -> ErrorCode:
+    source = f"NVIDIA Xid catalog: {mnemonic}, immediate action {bucket}"
+    return ErrorCode("xid", code, meaning, override or _BUCKETS[bucket], source)
+
+
+#: AMD Field IDs with a meaning that could be sourced.  The AFID event list that the
+#: exporter's docs point at (docs.amd.com/r/en-US/AMD_Field_ID_70122_v1.0/AFID-Event-List)
+#: could not be read from here, and no public code or page quotes its numbers with
+#: meanings, so the table holds none yet: every AFID is counted and looked up as UNKNOWN.
+_AFIDS: tuple[tuple[int, str, Action, str], ...] = ()
+
 CODES: dict[tuple[str, int], ErrorCode] = {
-    ("xid", code): ErrorCode("xid", code, meaning, action, _XID_SOURCE)
-    for code, meaning, action in _XIDS
+    **{("xid", row[0]): _xid(*row) for row in _XIDS},
+    **{
+        ("afid", code): ErrorCode("afid", code, meaning, action, source)
+        for code, meaning, action, source in _AFIDS
+    },
 }
 
 
@@ -73,3 +164,40 @@ def lookup(scheme: str, code: int | str) -> ErrorCode:
     if found is not None:
         return found
     return ErrorCode(scheme, number, f"{scheme.upper()} {number}", Action.UNKNOWN, "")
+
+
+def render_markdown() -> str:
+    """``docs/gpu-errors.md``; a test fails when the checked-in file differs."""
+    lines = [
+        "# GPU error codes",
+        "",
+        "Generated from `hbmwatch/gpu_errors.py` by `hbmwatch docs gpu-errors`; do not edit",
+        "by hand. The collector counts every code in `gpu_error_events_total{scheme, code}`",
+        '(docs/collector.md, "Errors and health"); a code missing here is counted all the',
+        "same and treated as `unknown`.",
+        "",
+        "Actions: **fatal**: the GPU is gone or unusable until the node is serviced;",
+        "**needs_reset**: the GPU works again after a reset or reboot; **benign**: the",
+        "application's own fault or information, news only as a storm.",
+        "",
+        "| scheme | code | meaning | action | source |",
+        "|---|---|---|---|---|",
+    ]
+    for e in sorted(CODES.values(), key=lambda e: (e.scheme, e.code)):
+        lines.append(f"| {e.scheme} | {e.code} | {e.meaning} | {e.action.value} | {e.source} |")
+    lines += [
+        "",
+        "## Sources",
+        "",
+        f"- NVIDIA XIDs: the Xid catalog ({_XID_CATALOG}), read through its mirror in",
+        f"  {_XID_MIRROR}. The action follows the catalog's immediate action",
+        "  (RESTART_BM fatal; RESET_GPU and the ECC, NVLink and XID 154 workflows",
+        "  needs_reset; RESTART_APP, IGNORE and the XID 45 workflow benign), except the",
+        "  failed memory retirements (64, 157): no spare left, the GPU needs service (fatal);",
+        "  and XID 61, unused since Ampere and a micro-controller warning before (needs_reset).",
+        "- AMD AFIDs: none yet. The AFID event list the AMD Device Metrics Exporter points at",
+        "  (docs.amd.com/r/en-US/AMD_Field_ID_70122_v1.0/AFID-Event-List) could not be read",
+        "  and no public source quotes its numbers with meanings; AFIDs are counted and",
+        "  shown as `unknown` until they are added here with a source.",
+    ]
+    return "\n".join(lines) + "\n"

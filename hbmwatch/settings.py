@@ -234,6 +234,65 @@ class TargetSettings(BaseModel):
         return self
 
 
+class KubernetesExporterSettings(_Section):
+    """Exporter pods to scrape, found by label selector (collector/kubernetes.py)."""
+
+    kind: Literal["dcgm", "dme"]
+    label_selector: str = Field(
+        min_length=1, description="The pods' (or EndpointSlices') label selector, as kubectl -l."
+    )
+    role: Literal["pod", "endpointslice"] = Field(
+        "pod", description="List pods (spec.nodeName, podIP) or EndpointSlices (nodeName)."
+    )
+    namespace: str | None = Field(None, description="One namespace; unset: all namespaces.")
+    port: int | str = Field(
+        "metrics", description="A named container (or EndpointSlice) port, or a port number."
+    )
+    path: str = Field("/metrics", pattern=r"^/")
+    scheme: Literal["http", "https"] = "http"
+    labels: dict[str, str] = Field(
+        {}, description="Static labels (cluster, rack); host is always the pod's node name."
+    )
+    interval_seconds: float | None = Field(None, gt=0, le=3600)
+    timeout_seconds: float | None = Field(None, gt=0, le=600)
+
+    @field_validator("port")
+    @classmethod
+    def _port_number(cls, port: int | str) -> int | str:
+        """``"5000"`` is the port 5000 (a name has a letter, as Kubernetes requires)."""
+        number = int(port) if isinstance(port, str) and port.isdigit() else port
+        if isinstance(number, int) and not 1 <= number <= 65535:
+            raise ValueError(f"port {number} is not between 1 and 65535")
+        return number
+
+
+class KubernetesSettings(_Section):
+    """Where the API server is; in a pod, its service account's token and CA by default."""
+
+    exporters: list[KubernetesExporterSettings] = Field(
+        [], description="Exporter pods to discover; none: no discovery."
+    )
+    api_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="The API server; unset: https://$KUBERNETES_SERVICE_HOST:"
+        "$KUBERNETES_SERVICE_PORT (in a pod).",
+    )
+    token_file: str = Field(
+        "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        description="Bearer token file, re-read at every refresh (bound tokens rotate).",
+    )
+    bearer_token: SecretStr | None = Field(None, description="A token instead of token_file.")
+    ca_file: str | None = Field(
+        None,
+        description="CA bundle of the API server; unset: the service account's ca.crt in a "
+        "pod, else the system's.",
+    )
+    insecure_skip_tls_verify: bool = False
+    refresh_seconds: float = Field(30.0, gt=0, le=3600, description="How often pods are listed.")
+    timeout_seconds: float = Field(10.0, gt=0, le=300)
+
+
 class CollectorSettings(_Section):
     targets: list[TargetSettings] = []
     target_file: str | None = Field(
@@ -274,11 +333,14 @@ class CollectorSettings(_Section):
         description="i/N (0-based): scrape only the targets whose URL hashes to shard i of N, "
         "as Prometheus' hashmod; every collector of one fleet is given the same N.",
     )
+    kubernetes: KubernetesSettings = KubernetesSettings()
     _shard_form = field_validator("shard")(_shard)
 
     @property
     def configured(self) -> bool:
-        return bool(self.targets or self.target_file or self.local_sources)
+        return bool(
+            self.targets or self.target_file or self.local_sources or self.kubernetes.exporters
+        )
 
 
 class SimulatorSettings(_Section):

@@ -137,7 +137,7 @@ def test_dcgm_datadog_capture(fixtures_dir: Path) -> None:
     assert by(out, "gpu_memory_temperature_celsius") == []  # only on the dummy series
     assert sum(by(out, "gpu_throttle_active")) == 0  # bitmask 1 = idle, not a throttle
     assert len(by(out, "gpu_throttle_active")) == 6
-    assert out.dropped["no_device"] == 1  # the unlabelled dummy DCGM_FI_DEV_MEMORY_TEMP
+    assert out.dropped["no_device"] == 4  # the unlabelled dummies: memory temp, 3 row-remap
     assert out.dropped["unmapped"] >= 5  # profiling fields hbmwatch does not keep
     hosts = {d.host for d in out.devices.values()}
     assert hosts == {"424773df46e0", "551bdf382151", "ip-11111"}  # Hostname, old spelling

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hbmwatch.collector.sources.amdsmi_errors import read_bad_pages
 from hbmwatch.collector.spellings import amdsmi as spelling
 from hbmwatch.collector.translate import Collected, TickPeriod, device_for
 from hbmwatch.records import Device, SeriesKey
@@ -310,6 +311,7 @@ class AmdSmiLibraryCollector:
         self.host = self.static.get("host") or host
         self._handles: list[Any] = []
         self._ticks = TickPeriod()
+        self._no_bad_pages: set[str] = set()
 
     def open(self) -> None:
         self._lib.amdsmi_init()
@@ -324,6 +326,7 @@ class AmdSmiLibraryCollector:
             device = device_for(self.static, host=self.host, gpu=str(index), vendor="amd")
             out.devices[device.identity] = device
             labels = device.labels()
+            read_bad_pages(self._lib, handle, labels, out, ts_ms, self._no_bad_pages)
             try:
                 m = self._lib.amdsmi_get_gpu_metrics_info(handle)
             except Exception as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hbmwatch.collector.exposition import SeriesRef
+from hbmwatch.collector.sources.gpu_events import EventCounter, code_of
 from hbmwatch.collector.spellings import Family
 from hbmwatch.collector.spellings import dme as spelling
 from hbmwatch.collector.translate import (
@@ -39,6 +40,7 @@ class DmeTranslator(LineTranslator):
         self._devices: dict[tuple[str, str, str, str], Device] = {}
         self._gpu_index: dict[str, str] = {}  # serial/uuid -> index, for builds without gpu_id
         self._ticks = TickPeriod()
+        self._events = EventCounter()
 
     # -- mapping one series (cached per line) ---------------------------------------------
     def _labels(self, series: SeriesRef) -> dict[str, str]:
@@ -85,6 +87,9 @@ class DmeTranslator(LineTranslator):
         return device, part_id != "0"
 
     def _map(self, series: SeriesRef) -> Mapped:
+        bare = series.name.removeprefix("amd_")
+        if bare in (spelling.AFID_ERRORS, spelling.HEALTH):
+            return self._map_error(bare, self._labels(series))
         family = self._family(series.name)
         if family is None:
             bare = series.name.removeprefix("amd_")
@@ -121,6 +126,43 @@ class DmeTranslator(LineTranslator):
             key, family.scale, special=special, priority=family.priority, device=device.identity
         )
 
+    def _map_error(self, name: str, labels: dict[str, str]) -> Mapped:
+        """AFID and health lines belong to the physical GPU (partition 0 under CPX)."""
+        found = self._device(labels, physical=True)
+        if found is None:
+            return Mapped(None, drop="no_device")
+        device, other_partition = found
+        if other_partition:
+            return Mapped(None, drop="ignored")
+        self._devices.setdefault(device.identity, device)
+        if name == spelling.HEALTH:
+            key = SeriesKey("gpu_health_status", {**device.labels(), "check": "overall"})
+            return Mapped(key, special="health", device=device.identity)
+        key = SeriesKey("gpu_error_events_total", device.labels())
+        return Mapped(key, special="afid", device=device.identity)
+
+    def _errors(self, out: Collected, lines: list[tuple[Mapped, float]], ts_ms: int) -> None:
+        """The health verdict, and each device's AFID set counted when it changes."""
+        afids: dict[tuple[str, str, str, str], tuple[Mapped, list[int]]] = {}
+        for m, value in lines:
+            assert m.key is not None and m.device is not None
+            if m.special == "health":
+                status = spelling.HEALTH_STATUS.get(value)
+                if value - value != 0:
+                    out.drop("non_finite")
+                elif status is None:
+                    out.drop("malformed", why=f"gpu_health {value!r}")
+                else:
+                    out.add(m.key, ts_ms, status)
+                continue
+            code = code_of(value, out, "AFID")
+            if code is not None:
+                afids.setdefault(m.device, (m, []))[1].append(code)
+        for device, (m, codes) in afids.items():
+            assert m.key is not None
+            self._events.last_set(device, m.key.label_dict, "afid", codes)
+        self._events.emit(out, ts_ms)
+
     # -- one scrape: the special lines ------------------------------------------------------
     def translate_text(self, text: str, ts_ms: int) -> Collected:
         out = super().translate_text(text, ts_ms)
@@ -136,9 +178,11 @@ class DmeTranslator(LineTranslator):
                 out.drop("non_finite")
             else:
                 ticks[m.device] = value
-        fallback = []
+        fallback, errors = [], []
         for m, value in special:
-            if m.special == "ticks":
+            if m.special in ("afid", "health"):
+                errors.append((m, value))
+            elif m.special == "ticks":
                 period = (
                     self._ticks.observe(m.device, ts_ms, ticks[m.device])
                     if m.device in ticks
@@ -150,3 +194,5 @@ class DmeTranslator(LineTranslator):
             elif m.priority:
                 fallback.append((m, value))
         add_fallbacks(out, fallback, ts_ms)
+        if errors:
+            self._errors(out, errors, ts_ms)

@@ -3,7 +3,8 @@
 Reads memory temperature (field 82), GPU temperature, power and its limit, energy, SM and
 memory clocks, the clocks-event reasons and their residency counters, PCIe counters (which
 wrap at 2^32), GPM DRAM-bandwidth utilisation where the device supports GPM (Hopper),
-NVLink data counters per active link, utilisation, memory and ECC.  The ``pynvml`` module is
+NVLink data counters per active link, utilisation, memory and ECC; XID events, row
+remapping and retired pages through ``nvml_errors``.  The ``pynvml`` module is
 passed in, so tests run against a stand-in and the same code runs on a real GPU.  A reading
 the device does not support is dropped, counted, and not asked for again; ``unsupported``
 lists them by name.
@@ -15,6 +16,7 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hbmwatch.collector.sources.nvml_errors import NvmlErrors
 from hbmwatch.collector.spellings import dcgm as dcgm_spelling
 from hbmwatch.collector.spellings import nvml as spelling
 from hbmwatch.collector.translate import Collected, device_for
@@ -46,6 +48,7 @@ class NvmlCollector:
         self._devices: list[tuple[Any, Device]] = []
         self._gpm: dict[int, Any] = {}
         self._links: dict[int, list[int]] = {}
+        self._errors = NvmlErrors(nvml, self._try)
 
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
@@ -54,6 +57,7 @@ class NvmlCollector:
         driver = _text(n.nvmlSystemGetDriverVersion())
         for index in range(n.nvmlDeviceGetCount()):
             self._open_device(index, n.nvmlDeviceGetHandleByIndex(index), driver)
+        self._errors.open(self._devices)
 
     def _open_device(self, index: int, handle: Any, driver: str) -> None:
         n, gpu = self.nvml, str(index)
@@ -85,6 +89,7 @@ class NvmlCollector:
             self._gpm[index] = None
 
     def close(self) -> None:
+        self._errors.close()
         self.nvml.nvmlShutdown()
 
     @property
@@ -111,6 +116,8 @@ class NvmlCollector:
         for index, (handle, device) in enumerate(self._devices):
             out.devices[device.identity] = device
             self._device(out, index, handle, device.labels(), ts_ms)
+            self._errors.device(out, str(index), handle, device.labels(), ts_ms)
+        self._errors.poll(out, ts_ms)
         return out
 
     def _device(

@@ -320,7 +320,74 @@ def _nvlink_families() -> tuple[Family, ...]:
     return tuple(out)
 
 
-FAMILIES = FAMILIES + _nvlink_families()
+#: Error and health fields (docs/collector.md, "Errors and health").  The XID field is a
+#: gauge of the last XID a GPU raised (0: none), with ``err_code``/``err_msg`` labels on
+#: newer builds; the collector counts its changes (collector/sources/gpu_events.py).
+XID_FIELDS = ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR")
+#: dcgm-exporter's optional XID collector: ``{xid="N", window_size_in_ms=...}``, the count
+#: of each XID within a sliding window (``--xid-count-window-size``); preferred when present.
+XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
+#: dcgm-exporter's optional health collector: one line per DCGM health watch
+#: (``health_watch``, ``health_error_code``), valued as DCGM's dcgmHealthWatchResult_t.
+HEALTH_STATUS = "DCGM_EXP_GPU_HEALTH_STATUS"
+HEALTH_RESULTS = {0: 0.0, 10: 1.0, 20: 2.0}  # PASS, WARN, FAIL -> 0 pass, 1 warn, 2 fail
+HEALTH_WATCHES = {
+    "ALL": "overall",
+    "MEM": "memory",
+    "NVSWITCH_NONFATAL": "nvswitch",
+    "NVSWITCH_FATAL": "nvswitch",
+    **{w: w.lower() for w in ("PCIE", "NVLINK", "PMU", "MCU", "SM", "INFOROM", "THERMAL")},
+    **{w: w.lower() for w in ("POWER", "DRIVER")},
+}
+ERROR_FAMILIES: tuple[Family, ...] = (
+    Family(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "gpu_row_remaps_total",
+        "rows",
+        "Number of remapped rows for correctable errors",
+        labels={"severity": "correctable"},
+    ),
+    Family(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "gpu_row_remaps_total",
+        "rows",
+        "Number of remapped rows for uncorrectable errors",
+        labels={"severity": "uncorrectable"},
+    ),
+    Family(
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "gpu_row_remap_failed",
+        "boolean",
+        "Whether remapping of rows has failed",
+    ),
+    Family(
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "gpu_row_remap_pending",
+        "boolean",
+        "Whether remapping of rows is pending",
+    ),
+    Family(
+        "DCGM_FI_DEV_RETIRED_SBE",
+        "gpu_retired_pages",
+        "pages",
+        "Total number of retired pages due to single-bit errors.",
+        labels={"severity": "correctable"},
+    ),
+    Family(
+        "DCGM_FI_DEV_RETIRED_DBE",
+        "gpu_retired_pages",
+        "pages",
+        "Total number of retired pages due to double-bit errors.",
+        labels={"severity": "uncorrectable"},
+    ),
+    Family(
+        "DCGM_FI_DEV_RETIRED_PENDING",
+        "gpu_retired_pages_pending",
+        "boolean",
+        "Total number of pages pending retirement.",
+    ),
+)
+FAMILIES = FAMILIES + _nvlink_families() + ERROR_FAMILIES
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 #: Old name -> DCGM 4.6 name, for the families that were renamed.
 RENAMED = {
@@ -351,17 +418,12 @@ IGNORED = frozenset(
         "DCGM_FI_DEV_FB_RESERVED",
         "DCGM_FI_DEV_ENC_UTIL",
         "DCGM_FI_DEV_DEC_UTIL",
-        "DCGM_FI_DEV_XID_ERRORS",
-        "DCGM_FI_DEV_XID_ERROR",
         "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
         "DCGM_FI_DEV_COUNT",
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
         "DCGM_FI_PROF_PCIE_TX_BYTES",
         "DCGM_FI_PROF_PCIE_RX_BYTES",
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
         "DCGM_FI_DEV_SLOWDOWN_TEMP",
         "DCGM_FI_DEV_PSTATE",
         "DCGM_FI_DEV_FAN_SPEED",

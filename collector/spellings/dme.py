@@ -274,11 +274,19 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
+
+#: Error and health families (docs/collector.md, "Errors and health"), read by the
+#: translator's own code, not as plain families.  ``gpu_afid_errors{afid_index, severity}``
+#: holds the AFIDs of the last RAS (CPER) event, one line per index; ``gpu_health`` is the
+#: exporter's verdict, 1 healthy and 0 not.  DME has no bad-page, retired-page or row-remap
+#: family (docs/configuration/metricslist.md at the fixture's commit).
+AFID_ERRORS = "gpu_afid_errors"
+HEALTH = "gpu_health"
+HEALTH_STATUS = {1.0: 0.0, 0.0: 2.0}  # healthy -> pass, unhealthy -> fail
 #: Names the exporter emits that hbmwatch deliberately does not keep.
 IGNORED = frozenset(
     {
         "gpu_nodes_total",
-        "gpu_health",
         "gpu_edge_temperature",
         "gpu_usage",
         "gpu_total_memory",

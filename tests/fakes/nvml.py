@@ -13,6 +13,9 @@ NVML_CLOCK_MEM = 2
 NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
+NVML_ERROR_TIMEOUT = 10
+nvmlEventTypeXidCriticalError = 0x8
+SUPPORTED_EVENT_TYPES = 65439  # what the real H200 answered (nvml_health.json)
 
 
 class NVMLError(Exception):
@@ -32,12 +35,55 @@ class FakeNvml:
     NVML_MEMORY_ERROR_TYPE_CORRECTED = NVML_MEMORY_ERROR_TYPE_CORRECTED
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     NVML_VOLATILE_ECC = NVML_VOLATILE_ECC
+    NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
+    nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
 
     def __init__(self, devices: int = 1) -> None:
         self.devices = devices
         self.pcie_tx = 2**32 - 60_000_000
         self.reads = 0
         self.calls: list[str] = []
+        #: Error side (issue 18): event masks registered per device, events waiting,
+        #: (corrected, uncorrected, pending, failure) rows; retired pages are unsupported
+        #: as on Hopper.
+        self.registered: dict[int, int] = {}
+        self.waiting: list[SimpleNamespace] = []
+        self.remapped = (0, 0, 0, 0)
+        self.event_sets = 0
+
+    def raise_xid(self, h: int, code: int) -> None:
+        """What the driver does on an XID: an event in the set of whoever registered it."""
+        if self.registered.get(h, 0) & nvmlEventTypeXidCriticalError:
+            self.waiting.append(
+                SimpleNamespace(device=h, eventType=nvmlEventTypeXidCriticalError, eventData=code)
+            )
+
+    def nvmlEventSetCreate(self) -> object:
+        self.event_sets += 1
+        return object()
+
+    def nvmlEventSetFree(self, es: object) -> None:
+        self.event_sets -= 1
+
+    def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int:
+        return SUPPORTED_EVENT_TYPES
+
+    def nvmlDeviceRegisterEvents(self, h: int, mask: int, es: object) -> None:
+        self.registered[h] = self.registered.get(h, 0) | mask
+
+    def nvmlEventSetWait_v2(self, es: object, timeout_ms: int) -> SimpleNamespace:
+        if not self.waiting:
+            raise NVMLError(NVML_ERROR_TIMEOUT)
+        return self.waiting.pop(0)
+
+    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
+        return self.remapped
+
+    def nvmlDeviceGetRetiredPages(self, h: int, cause: int) -> list[int]:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: int) -> int:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlInit(self) -> None:
         self.calls.append("init")
