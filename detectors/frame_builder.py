@@ -71,8 +71,6 @@ class FrameBuilder:
         self._pairs: list[tuple[int, str]] = []  # (GPU entity, link) of fabric series
         self._pair_of: dict[tuple[int, str], int] = {}
         self._code: list[str] = []  # error event series: its code (``xid:79``), else ""
-        self._born: list[bool] = []  # a counter first seen after the first frame (see _add)
-        self._frames = 0
         self._entities = [Entities(), Entities(), Entities()]
         self._cols: dict[str, np.ndarray] = {}
         self._plan: Plan | None = None  # where the last frame's series went
@@ -122,10 +120,6 @@ class FrameBuilder:
         self._pair.append(pair)
         code = error_code(key) if r is not None and key is not None else None
         self._code.append(code or "")
-        # An error counter is born at its first event (value 1): one first seen after the
-        # builder's first frame counts from zero, or that event would be lost.  Series
-        # present in the first frame (a restart) are not counted again.
-        self._born.append(code is not None and self._frames > 0)
         return slot
 
     def _grow(self) -> None:
@@ -134,7 +128,6 @@ class FrameBuilder:
             self._cols[name] = np.asarray(getattr(self, name), dtype=np.int64)
         self._cols["link_pair"] = np.asarray(self._pair, dtype=np.int64)
         self._cols["error"] = np.asarray([bool(c) for c in self._code], dtype=bool)
-        self._cols["born"] = np.asarray(self._born, dtype=bool)
         table, how = self._cols["_table"], self._cols["_how"]
         self._cols["fabric"] = (table == 0) & (
             self._cols["_signal"] == SIGNAL_CODE["fabric_errors"]
@@ -171,7 +164,6 @@ class FrameBuilder:
         gauges = self._gauges(frame, slot, kind, ts, vals)
         counters = self._counters(frame, slot, kind, ts, vals)
         self._scatter(frame, gauges, counters)
-        self._frames += 1
         return frame
 
     def _gauges(
@@ -242,11 +234,6 @@ class FrameBuilder:
         prev = np.empty(len(v))
         prev[1:] = v[:-1]
         prev[first] = self._last[slot[first]]
-        born = first & self._cols["born"][slot] & np.isnan(prev)
-        if born.any():  # rare: a GPU's first event of a code
-            prev[born] = 0.0
-            for s in slot[born].tolist():
-                self._born[s] = self._cols["born"][s] = False
         delta, reset = counter_deltas(prev, v)
         self._last[slot[last]] = v[last]
         self._last_ms[slot[last]] = t[last]

@@ -12,6 +12,7 @@ from hbmwatch.detectors.frame import Entities, Frame
 from hbmwatch.detectors.frame_builder import FrameBuilder
 from hbmwatch.detectors.gpu_errors import GpuErrors
 from hbmwatch.detectors.signals import MAX_STACKS
+from hbmwatch.gpu_errors import lookup
 from hbmwatch.records import SeriesKey, Severity
 from hbmwatch.store.feed import SampleBlock
 from hbmwatch.taxonomy import Cause, FindingKind
@@ -53,11 +54,12 @@ def test_fatal_code_pages_names_the_code_and_holds_while_the_gpu_stays_silent() 
     assert len(out) == 1
     f = out[0]
     assert f.kind == FindingKind.GPU_ERRORS and f.severity is Severity.CRITICAL
-    assert f.summary == "XID 79 on r0-node1 GPU 3: GPU has fallen off the bus (fatal)"
+    assert f.summary == f"XID 79 on r0-node1 GPU 3: {lookup('xid', 79).meaning} (fatal)"
     assert f.started_ms == 2000 and f.top_cause == Cause.GPU_ERROR
     assert f.entity == {"cluster": "c", "rack": "r0", "host": "r0-node1", "gpu": "3"}
     ev = f.evidence[0]
-    assert 'code="79"' in ev.series and "fallen off the bus" in ev.note and "fatal" in ev.note
+    assert 'code="79"' in ev.series and lookup("xid", 79).meaning in ev.note
+    assert "action: fatal" in ev.note
     # A GPU off the bus reports nothing more: the finding holds for the fatal hold (30 min).
     held = run(det, [frame(60 * m) for m in range(1, 29)])
     assert all(len(x) == 1 and x[0].ended_ms is None for x in held)
@@ -81,7 +83,7 @@ def test_needs_reset_code_pages_and_resolves_after_the_hold_without_events() -> 
     det = GpuErrors(hold_s=600)
     f = det.update(with_codes(frame(0, err_reset=[1]), xid_48=1))[0]
     assert f.severity is Severity.CRITICAL
-    assert f.summary == "XID 48 on r0-node1 GPU 3: double-bit ECC error (needs a GPU reset)"
+    assert f.summary == f"XID 48 on r0-node1 GPU 3: {lookup('xid', 48).meaning} (needs a GPU reset)"
     out = run(det, [frame(60 * m) for m in range(1, 12)])
     ends = [x.ended_ms for xs in out for x in xs if x.ended_ms is not None]
     assert ends == [600_000 + 59_000]  # the first cycle 600 s after the event
@@ -127,10 +129,8 @@ def test_xid_64_with_failed_remap_names_both() -> None:
     det = GpuErrors()
     f = with_codes(frame(0, err_fatal=[1], remap_failed=[1]), xid_64=1)
     out = det.update(f)[0]
-    assert out.summary == (
-        "XID 64 on r0-node1 GPU 3: ECC page retirement or row remap recording failed "
-        "(fatal); row remap failed"
-    )
+    meaning = lookup("xid", 64).meaning
+    assert out.summary == f"XID 64 on r0-node1 GPU 3: {meaning} (fatal); row remap failed"
 
 
 def test_health_verdict_fail_is_critical_warn_is_not_a_finding() -> None:
@@ -198,14 +198,14 @@ def block(rows: list[tuple[int, int, float]]) -> SampleBlock:
     return SampleBlock(np.array(sid), np.array(ts), np.array(val, dtype=float))
 
 
-def test_error_counters_born_after_the_first_frame_count_their_first_event() -> None:
+def test_error_counters_become_action_signals_and_codes() -> None:
+    """As the collector writes them: a 0 one millisecond before a code's first event."""
     b = FrameBuilder(SERIES.get)
-    # The first frame (a start or restart): XID 13's count of 5 is history, not news.
     first = b.build(block([(1, 0, 50.0), (2, 0, 5.0), (2, 1000, 5.0)]), 0, 2000, 1000)
     assert np.nansum(first.g("err_benign")) == 0 and first.gpu_errors == {}
-    # XID 79's series appears at its first event, value 1: that event counts.
-    later = b.build(block([(1, 2000, 50.0), (3, 3000, 1.0), (2, 3000, 6.0)]), 2000, 4000, 1000)
-    assert later.g("err_fatal").tolist() == [[pytest.approx(np.nan, nan_ok=True), 1.0]]
+    rows = [(1, 2000, 50.0), (3, 2999, 0.0), (3, 3000, 1.0), (2, 3000, 6.0)]
+    later = b.build(block(rows), 2000, 4000, 1000)
+    assert np.nan_to_num(later.g("err_fatal")).tolist() == [[0.0, 1.0]]
     assert np.nansum(later.g("err_benign")) == 1
     assert later.gpu_errors == {"c/r0-node1/3": {"xid:79": 1.0, "xid:13": 1.0}}
     # And only once.
@@ -225,9 +225,10 @@ def test_from_series_to_finding_through_the_builder() -> None:
     """The collector's counter, born at the event, through a real frame builder."""
     b, det = FrameBuilder(SERIES.get), GpuErrors()
     assert det.update(b.build(block([(1, 0, 50.0), (5, 0, 0.0)]), 0, 5000, 1000)) == []
-    f = b.build(block([(1, 5000, 50.0), (3, 6000, 1.0), (6, 6000, 2.0)]), 5000, 10000, 1000)
+    rows = [(1, 5000, 50.0), (3, 5999, 0.0), (3, 6000, 1.0), (6, 6000, 2.0)]
+    f = b.build(block(rows), 5000, 10000, 1000)
     (found,) = det.update(f)
-    assert found.summary == "XID 79 on r0-node1 GPU 3: GPU has fallen off the bus (fatal)"
+    assert found.summary.startswith("XID 79 on r0-node1 GPU 3: ")
     assert found.started_ms == 6000 and {e.statistic for e in found.evidence} == {
         "error_events", "health_status"
     }  # fmt: skip
