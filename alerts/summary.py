@@ -184,19 +184,26 @@ def _gpu_errors(findings: Sequence[Finding]) -> str:
 
 
 def _gpu_error(f: Finding) -> str:
+    """The worst thing a finding holds: a fatal or reset code, a failed remap, a failed
+    health verdict (with the codes that came with it), else a storm of benign codes."""
+    codes, found = [], set()
     for e in f.evidence:
         labels = dict(_LABEL.findall(e.series))
         if e.statistic == "error_events" and labels.get("code", "").isdigit():
-            code = lookup(labels.get("scheme", ""), labels["code"])
-            name = f"{code.scheme.upper()} {code.code}"
-            if code.action in (Action.BENIGN, Action.UNKNOWN):
-                return f"{name} storm ({e.value:.0f} events)"
+            codes.append((lookup(labels.get("scheme", ""), labels["code"]), e.value))
+        found.add(e.statistic)
+    for code, _ in codes:
+        if code.action in (Action.FATAL, Action.NEEDS_RESET):
             action = "fatal" if code.action is Action.FATAL else "needs reset"
-            return f"{name} ({code.meaning}, {action})"
-        if e.statistic == "row_remap_failed":
-            return "row remap failed"
-        if e.statistic == "health_status":
-            return "health verdict fail"
+            return f"{code.scheme.upper()} {code.code} ({code.meaning}, {action})"
+    names = ", ".join(f"{c.scheme.upper()} {c.code}" for c, _ in codes)
+    if "row_remap_failed" in found:
+        return "row remap failed" + (f" ({names})" if names else "")
+    if "health_status" in found:
+        return "health verdict fail" + (f" ({names})" if names else "")
+    if codes:
+        n = sum(v for _, v in codes)
+        return f"{names} storm ({n:.0f} events)"
     return "GPU errors"
 
 

@@ -90,15 +90,26 @@ def headline(cond: Condition, entity: dict[str, str], storm_window_s: float) -> 
             text = (f"{code_name(code)} on {where}: {code.meaning} ({ACTION_WORDS[code.action]})"
                     if code else f"{what} on {where}")  # fmt: skip
             return text + ("; row remap failed" if cond.remap_failed else "")
+    seen = _seen(cond)
     if cond.remap_failed:
-        return f"row remap failed on {where}: no spare row left, the GPU needs service"
+        return f"row remap failed on {where}: no spare row left, the GPU needs service{seen}"
     if cond.health_failed:
-        return f"exporter health verdict fail on {where}"
+        return f"exporter health verdict fail on {where}{seen}"
     code = code_of(cond.last_code.get("benign", ""))
     name = f"{code_name(code)} storm" if code else "GPU error storm"
     meaning = f" ({code.meaning}, {ACTION_WORDS[code.action]})" if code else ""
     minutes = storm_window_s / 60
     return f"{name} on {where}: {cond.storm_events:.0f} events in {minutes:.0f} min{meaning}"
+
+
+def _seen(cond: Condition) -> str:
+    """``; with AFID 30, AFID 25 (not in the code table)``: the codes that came with it."""
+    found = [c for c in map(code_of, cond.codes) if c is not None]
+    if not found:
+        return ""
+    names = ", ".join(code_name(c) for c in found)
+    unknown = all(c.action is Action.UNKNOWN for c in found)
+    return f"; with {names}" + (" (not in the code table)" if unknown else "")
 
 
 def evidence(det: Any, cond: Condition, entity: dict[str, str], ep: Episode,

@@ -244,3 +244,15 @@ def test_a_gpu_gone_from_the_frames_still_closes_after_its_hold() -> None:
     (closed,) = det.update(empty)
     assert closed.ended_ms == 239_000 and closed.entity["host"] == "r0-node1"
     assert "XID 119" in closed.summary and det.open_ == {}
+
+
+def test_health_fail_names_the_unknown_codes_that_came_with_it() -> None:
+    """DME: a fatal RAS event's AFIDs (not in the table) and gpu_health 0 (fail)."""
+    det = GpuErrors()
+    f = with_codes(frame(0, err_benign=[1, 1], health=[0, 2]), afid_30=1, afid_25=1)
+    (out,) = det.update(f)
+    assert out.severity is Severity.CRITICAL
+    assert out.summary == (
+        "exporter health verdict fail on r0-node1 GPU 3; with AFID 30, AFID 25 "
+        "(not in the code table)"
+    )

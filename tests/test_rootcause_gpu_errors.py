@@ -197,3 +197,21 @@ def test_the_incident_of_a_gpu_off_the_bus_keeps_the_xid_as_its_cause() -> None:
     (inc,) = [i for i in e.incidents.values() if i.open]
     assert inc.causes[0].cause == Cause.GPU_ERROR
     assert inc.title.startswith("host r0-node1 (c0) gpu_error: XID 79")
+
+
+def test_the_title_of_a_failed_health_verdict_names_its_codes_not_a_storm() -> None:
+    health = Evidence('gpu_health_status{host="r0-node1",gpu="3"}', "health_status", 2.0, 2.0)
+    afid = Evidence('gpu_error_events_total{host="r0-node1",gpu="3",scheme="afid",code="30"}',
+                    "error_events", 1.0, 10.0)  # fmt: skip
+    f = make_finding(
+        kind=FindingKind.GPU_ERRORS, detector="gpu_errors", entity=PLACE,
+        severity=Severity.CRITICAL, summary="exporter health verdict fail on r0-node1 GPU 3",
+        started_ms=at(0), raised_ms=at(0), updated_ms=at(0), evidence=(afid, health),
+        causes=(RankedCause(Cause.GPU_ERROR, 0.95, (afid, health), "", PLACE),),
+    )  # fmt: skip
+    e = AlertEngine(AlertSettings())
+    e.apply([f], at(1))
+    (inc,) = e.incidents.values()
+    assert (
+        inc.title == "host r0-node1 (c0) gpu_error: health verdict fail (AFID 30) on r0-node1 gpu 3"
+    )
