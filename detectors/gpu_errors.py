@@ -12,6 +12,7 @@ uses are in ``detectors/gpu_error_words.py``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -204,6 +205,7 @@ class GpuErrors:
             ep.extra["entity"] = entity_of(frame, key)
         ep.extra["storm"] = cond.storm
         ep.peak = max(ep.peak, cond.storm_events)
+        cond = dataclasses.replace(cond, storm_events=ep.peak)  # a storm is told by its peak
         if cond.active:
             return finding(self, frame, key, ep, cond, t_ms)
         self.open_.pop(key)

@@ -102,9 +102,10 @@ def test_benign_storm_warns_at_its_threshold_and_not_below() -> None:
     assert len(f) == 1 and f[0].severity is Severity.WARNING
     assert f[0].summary.startswith("XID 13 storm on r0-node1 GPU 3: 10 events in 5 min")
     assert f[0].evidence[0].value >= 10 and f[0].evidence[0].threshold == 10
-    # No new events for the hold (10 min): resolved.
+    # No new events for the hold (10 min): resolved; the storm is told by its peak.
     out = run(det, quiet(360, 11))
     assert [x.ended_ms is not None for xs in out for x in xs].count(True) == 1
+    assert all("10 events in 5 min" in x.summary for xs in out for x in xs)
 
 
 def test_unknown_codes_count_toward_a_storm_and_never_page_alone() -> None:
