@@ -33,6 +33,8 @@ from hbmwatch.alerts.grouping import Problem
 from hbmwatch.alerts.incidents import IncidentGrouping, describe, place
 from hbmwatch.alerts.labels import alert_labels, annotations, label_fingerprint
 from hbmwatch.alerts.matchers import matches_all, parse_matcher
+from hbmwatch.alerts.workloads import Attributor
+from hbmwatch.alerts.workloads import describe as describe_workloads
 from hbmwatch.records import (
     Alert,
     AlertState,
@@ -93,6 +95,8 @@ class AlertEngine(IncidentGrouping):
         self.findings: dict[str, Finding] = {}  # the latest statement behind each alert
         self.problems: dict[str, Problem] = {}  # incident id -> its problem (from its alerts)
         self.peaks: dict[str, dict[str, float]] = {}  # incident id -> its title's figures
+        #: What ran on device findings' GPUs; its ``lookup`` is set by the caller (no I/O here).
+        self.attribution = Attributor()
         self.changes = Changes()
 
     # -- state in and out ---------------------------------------------------------------
@@ -120,6 +124,7 @@ class AlertEngine(IncidentGrouping):
         self._advance(now_ms)
         self._mute(now_ms)
         self._group(now_ms)
+        self._attribute()
         self._forget(now_ms)
         return self.changes
 
@@ -139,6 +144,8 @@ class AlertEngine(IncidentGrouping):
             return  # recorded (finding, dashboard), not paged: it alerts once it escalates
         self.findings[f.id] = f
         ann = annotations(f, self._incident_url(cur.incident_id if cur else None))
+        if workloads := self.attribution.of(f, now):
+            ann["workloads"] = describe_workloads(workloads)
         if f.open and (cur is None or cur.state is AlertState.RESOLVED):
             self._start(f, labels, fp, ann, now)
         elif f.open and cur is not None and _escalates(cur, f):
@@ -196,6 +203,19 @@ class AlertEngine(IncidentGrouping):
                 and now - a.ending_ms >= self.keep_ms
             ):
                 self._resolve(a, a.ending_ms)
+
+    def _attribute(self) -> None:
+        """Each open incident names the workloads on its alerts' GPUs (a union: a pod
+        that moved away stays named)."""
+        if not self.attribution.found:
+            return
+        for inc in list(self.incidents.values()):
+            if not inc.open:
+                continue
+            sources = [self.alerts[a].source for a in inc.alerts if a in self.alerts]
+            merged = self.attribution.union(inc, sources)
+            if merged != inc.workloads:
+                self._store_incident(dataclasses.replace(inc, workloads=merged))
 
     # -- silences and inhibition -------------------------------------------------------
     def _mute(self, now: int) -> None:
@@ -278,6 +298,7 @@ class AlertEngine(IncidentGrouping):
                 del self.alerts[a.id]
                 if self.current.get(a.source) == a.id:
                     del self.current[a.source]
+                    self.attribution.forget(a.source)
                 self.findings.pop(a.finding_id, None)
         for inc in list(self.incidents.values()):
             if not inc.open and (inc.resolved_ms or 0) < horizon:

@@ -49,6 +49,7 @@ KIND_CAUSE: dict[str, str] = {
     FindingKind.THROTTLE: Cause.CLOCK_DROP,
     FindingKind.FABRIC_ERRORS: Cause.FABRIC,
     FindingKind.PCIE_ERRORS: Cause.PCIE,
+    FindingKind.GPU_ERRORS: Cause.GPU_ERROR,
     FindingKind.FLEET_OUTLIER: Cause.THERMAL,
     FindingKind.DATA_QUALITY: Cause.SENSOR,
     FindingKind.P99_REGRESSION: Cause.NONE,

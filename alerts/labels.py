@@ -35,6 +35,10 @@ ALERT_NAMES: dict[str, str] = {
     "drain the GPU if its link bandwidth dropped.",
     "GPUPCIeErrors": "PCIe replays or recoveries: check the riser and seating, and AER "
     "messages in the host's kernel log.",
+    "GPUErrors": "The GPU reported an error code (NVIDIA XID, AMD AFID), a failed row remap or "
+    "a failed health check; the summary names the code, its meaning and action. Fatal or "
+    "failed remap: drain the node and have the GPU serviced; needs reset: drain the GPU and "
+    "reset it; a storm of benign codes: look at the workloads on the GPU first.",
     "GPUFleetOutlier": "This GPU is hotter or slower than its peers under the same load: "
     "schedule an inspection.",
     "HbmwatchTargetDown": "The exporter stopped answering: check its process and the host. "
@@ -50,6 +54,7 @@ _BY_KIND: dict[str, str] = {
     FindingKind.STEP_TIME_REGRESSION: "StepTimeRegression",
     FindingKind.FABRIC_ERRORS: "GPUFabricErrors",
     FindingKind.PCIE_ERRORS: "GPUPCIeErrors",
+    FindingKind.GPU_ERRORS: "GPUErrors",
     FindingKind.FLEET_OUTLIER: "GPUFleetOutlier",
     FindingKind.DATA_QUALITY: "HbmwatchDataQuality",
 }

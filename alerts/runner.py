@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from hbmwatch import log
 from hbmwatch.alerts.engine import AlertEngine, Changes
 from hbmwatch.alerts.matchers import checked
-from hbmwatch.records import AlertState, Finding, Incident, Matcher, Silence
+from hbmwatch.alerts.workloads import MAX_PER_INCIDENT
+from hbmwatch.records import AlertState, Finding, Incident, Matcher, Silence, Workload
 from hbmwatch.settings import AlertSettings
 from hbmwatch.store.store import Store, StoreUnavailable
 
@@ -27,6 +28,9 @@ class Alerting:
         self.store = store
         self.settings = settings
         self.engine = AlertEngine(settings)
+        self.engine.attribution.lookup = self._workloads
+        #: Whether the store holds any attribution, asked once per cycle (None: not yet).
+        self._attributed: bool | None = None
         self._lock = threading.Lock()
         #: What the engine changed but the store did not take (an outage): saved next time.
         self._unsaved = Changes()
@@ -51,12 +55,26 @@ class Alerting:
         now = self.store.now_ms() if now_ms is None else now_ms
         # Silences may come from elsewhere (the CLI, another replica): the store decides.
         silences = self.store.alerts.silences(ends_after_ms=now - 3_600_000)
+        self._attributed = None
         with self._lock:
             self._adopt_actions(now)
             self.engine.silences = {s.id: s for s in silences}
             changes = self.engine.apply(findings, now)
             self._save(changes)
         return changes
+
+    def _workloads(self, place: Mapping[str, str], lo_ms: int, hi_ms: int) -> tuple[Workload, ...]:
+        """What ran on a finding's GPU (the store's gpu_workload_info); none if the store
+        cannot say: attribution never holds an alert back."""
+        try:
+            if self._attributed is None:
+                self._attributed = self.store.any_workloads()
+            if not self._attributed:
+                return ()
+            return tuple(self.store.workloads([place], lo_ms, hi_ms, limit=MAX_PER_INCIDENT))
+        except Exception as exc:  # the page goes out without names rather than not at all
+            logger.warning("workloads not looked up", error=f"{type(exc).__name__}: {exc}")
+            return ()
 
     def _save(self, changes: Changes) -> None:
         """Write what changed; if the store is down, keep it to write with the next changes

@@ -10,9 +10,11 @@ A cause that carries no evidence series is capped and says so, rather than read 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from hbmwatch.alerts.grouping import KIND_CAUSE, REGRESSIONS, family_of
+from hbmwatch.gpu_errors import Action, lookup
 from hbmwatch.records import Evidence, Finding, RankedCause, Severity, capped_if_unevidenced
 from hbmwatch.taxonomy import Cause, FindingKind
 
@@ -21,6 +23,7 @@ MAX_CAUSES = 5
 MAX_CAUSE_EVIDENCE = 4
 
 _RISES = ("rise_over_load_baseline_c", "rack_mean_rise_c")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _PLACE = ("cluster", "rack", "host", "gpu", "target")
 _HEAT_KINDS = (FindingKind.THERMAL_EXCURSION, FindingKind.THROTTLE, FindingKind.FLEET_OUTLIER)
 #: Causes known from a workload's slowdown alone: their titles lead with it.
@@ -86,6 +89,7 @@ def title(place: str, cause: str, findings: Sequence[Finding], peaks: dict[str, 
     facts = [
         _heat(findings, peaks),
         _throttle(findings, peaks),
+        _gpu_errors(findings),
         _errors(findings, peaks),
         _down(findings),
     ]
@@ -164,6 +168,43 @@ def _errors(findings: Sequence[Finding], peaks: dict[str, float]) -> str:
             rate = f" {_peak(peaks, kind, max(rates)):.3g}/s" if rates else ""
             out.append(f"{what} errors{rate}{_gpus(found)}")
     return ", ".join(out)
+
+
+def _gpu_errors(findings: Sequence[Finding]) -> str:
+    """``XID 79 (GPU has fallen off the bus, fatal) on n1 gpu 3``: the code and its meaning,
+    worst first (the detector lists a finding's codes worst first)."""
+    found = sorted((f for f in findings if f.kind == FindingKind.GPU_ERRORS),
+                   key=lambda f: -SEVERITY_RANK[f.severity])  # fmt: skip
+    out: list[str] = []
+    for f in found:
+        fact = _gpu_error(f) + _gpus([f])
+        if fact not in out:
+            out.append(fact)
+    return ", ".join(out)
+
+
+def _gpu_error(f: Finding) -> str:
+    """The worst thing a finding holds: a fatal or reset code, a failed remap, a failed
+    health verdict (with the codes that came with it), else a storm of benign codes."""
+    codes, found = [], set()
+    for e in f.evidence:
+        labels = dict(_LABEL.findall(e.series))
+        if e.statistic == "error_events" and labels.get("code", "").isdigit():
+            codes.append((lookup(labels.get("scheme", ""), labels["code"]), e.value))
+        found.add(e.statistic)
+    for code, _ in codes:
+        if code.action in (Action.FATAL, Action.NEEDS_RESET):
+            action = "fatal" if code.action is Action.FATAL else "needs reset"
+            return f"{code.scheme.upper()} {code.code} ({code.meaning}, {action})"
+    names = ", ".join(f"{c.scheme.upper()} {c.code}" for c, _ in codes)
+    if "row_remap_failed" in found:
+        return "row remap failed" + (f" ({names})" if names else "")
+    if "health_status" in found:
+        return "health verdict fail" + (f" ({names})" if names else "")
+    if codes:
+        n = sum(v for _, v in codes)
+        return f"{names} storm ({n:.0f} events)"
+    return "GPU errors"
 
 
 def _down(findings: Sequence[Finding]) -> str:

@@ -21,6 +21,7 @@ from hbmwatch.records import (
     SeriesKey,
     SeriesPoints,
     Silence,
+    Workload,
 )
 
 T = TypeVar("T")
@@ -42,6 +43,24 @@ class Page(BaseModel, Generic[T]):
     )
 
 
+class WorkloadOut(BaseModel):
+    """What ran on a GPU: a pod (namespace, pod, container) and/or a Slurm job."""
+
+    model_config = ConfigDict(from_attributes=True)
+    namespace: str
+    pod: str
+    container: str
+    job: str
+    cluster: str
+    host: str
+    gpu: str
+    partition: str
+
+    @classmethod
+    def of(cls, w: Workload) -> WorkloadOut:
+        return cls.model_validate(w)
+
+
 class DeviceOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
     cluster: str
@@ -56,6 +75,9 @@ class DeviceOut(BaseModel):
     compute_partition: str
     memory_partition: str
     driver: str
+    workloads: list[WorkloadOut] = Field(
+        default=[], description="What runs on it now (gpu_workload_info, last 5 minutes)."
+    )
 
     @classmethod
     def of(cls, d: Device) -> DeviceOut:
@@ -224,6 +246,9 @@ class IncidentOut(BaseModel):
     alerts: int
     top_cause: str | None
     url: str = Field(description="The incident page.")
+    workloads: list[WorkloadOut] = Field(
+        default=[], description="What ran on the affected GPUs (pods, Slurm jobs)."
+    )
 
     @classmethod
     def of(cls, i: Incident) -> IncidentOut:
@@ -241,6 +266,7 @@ class IncidentOut(BaseModel):
             alerts=len(i.alerts),
             top_cause=i.causes[0].cause if i.causes else None,
             url=f"/incidents/{i.id}",
+            workloads=[WorkloadOut.of(w) for w in i.workloads],
         )
 
 

@@ -49,10 +49,11 @@ STALL_SECONDS = 0.25
 def translator_for(target: Target, settings: CollectorSettings) -> Any:
     labels, cap = target.labels, settings.series_per_target
     window = settings.latency_window_seconds
-    if target.kind == "dme":
-        return DmeTranslator(labels, series_cap=cap)
-    if target.kind == "dcgm":
-        return DcgmTranslator(labels, series_cap=cap)
+    if target.kind in ("dme", "dcgm"):
+        kind = DmeTranslator if target.kind == "dme" else DcgmTranslator
+        translator = kind(labels, series_cap=cap)
+        translator.attribution.cap = settings.workload_label_cap
+        return translator
     if target.kind == "prometheus":
         return FederatedTranslator(
             labels,

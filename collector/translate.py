@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Protocol
 
+from hbmwatch.collector import attribution
 from hbmwatch.collector.exposition import (
     MalformedLine,
     SeriesRef,
@@ -176,6 +177,7 @@ class _Shape:
     twice: list[str]  # what the loop says of each repeated series ("malformed")
     usable: bool = True  # False: a page of this shape is read line by line every time
     pending: bool = False  # seen once: built if the next page has the same lines
+    workloads: list[SeriesKey] = field(default_factory=list)  # gpu_workload_info keys
 
 
 class LineTranslator:
@@ -205,6 +207,10 @@ class LineTranslator:
         #: The common case, looked up first: line key -> (canonical series, factor).
         self._plain: dict[str, tuple[SeriesKey, float]] = {}
         self._shape: _Shape | None = None
+        self._devices: dict[tuple[str, str, str, str], Device] = {}
+        #: What runs on the devices: line key -> its gpu_workload_info key (lines naming one).
+        self.attribution = attribution.Attribution()
+        self._workloads: dict[str, SeriesKey] = {}
 
     @staticmethod
     def is_sentinel(value: float) -> bool:
@@ -220,6 +226,8 @@ class LineTranslator:
         self._memo.clear()
         self._plain.clear()
         self._shape = None
+        self._workloads.clear()
+        self.attribution.clear()
 
     def translate_text(self, text: str, ts_ms: int) -> Collected:
         """A page of the last page's shape goes through its ``_Shape`` (values only); any
@@ -254,6 +262,8 @@ class LineTranslator:
             out.drop("malformed", why=why)
         if shape.drops:
             out.dropped.update(shape.drops)
+        if shape.workloads:
+            attribution.emit(out.samples, out.dropped, shape.workloads, ts_ms)
         if shape.special:
             self._finish(out, [(m, values[i]) for i, m in shape.special], ts_ms)
         return out
@@ -267,6 +277,7 @@ class LineTranslator:
         unusable = _Shape(heads, _NOTHING, _NOTHING, [], [], [], Counter(), [], False)
         seen: set[str] = set()
         plain_lines: list[int] = []
+        workloads = self._workloads
         for i, (head, space, tail) in enumerate(parts):
             line = head + space + tail
             if not line or line[0] == "#":
@@ -280,6 +291,8 @@ class LineTranslator:
                 shape.twice.append(f"the same series twice on one page: {head[:120]}")
                 continue
             seen.add(head)
+            if workloads:
+                shape.workloads.append(workloads.get(head))  # type: ignore[arg-type]
             n = len(lines)
             lines.append(i)
             if head in self._plain:
@@ -291,6 +304,7 @@ class LineTranslator:
             elif m.drop != "ignored":
                 shape.drops[m.drop or "unmapped"] += 1
         shape.samples_of, shape.plain_of = _picker(lines), _picker(plain_lines)
+        shape.workloads = attribution.distinct(shape.workloads)
         return shape
 
     def translate_lines(self, text: str, ts_ms: int) -> Collected:
@@ -342,6 +356,9 @@ class LineTranslator:
                 special.append((m, value))
             elif m is not None and m.drop != "ignored":
                 dropped[m.drop or "unmapped"] += 1
+        if self._workloads:  # only targets that name workloads pay this pass
+            found = attribution.distinct(map(self._workloads.get, seen))
+            attribution.emit(samples, dropped, found, ts_ms)
         if special:
             self._finish(out, special, ts_ms)
         return out
@@ -367,4 +384,9 @@ class LineTranslator:
         m = self._memo[key] = self._map(series)
         if m.key is not None and not m.special and not m.priority:
             self._plain[key] = (m.key, m.scale)
+        device = self._devices.get(m.device) if m.device is not None else None
+        if device is not None:
+            workload = self.attribution.key_for(device, series.labels)
+            if workload is not None:
+                self._workloads[key] = workload
         return key, value_text, m

@@ -12,6 +12,7 @@ from typing import Any
 def default_detectors(settings: Any = None) -> list[Any]:
     """``settings``: a ``DetectionSettings`` whose detector options apply (None: defaults)."""
     from hbmwatch.detectors.devices import LinkErrors, Throttling
+    from hbmwatch.detectors.gpu_errors import GpuErrors
     from hbmwatch.detectors.latency import LatencyRegressions
     from hbmwatch.detectors.outliers import FleetOutliers
     from hbmwatch.detectors.quality import DataQuality
@@ -27,6 +28,7 @@ def default_detectors(settings: Any = None) -> list[Any]:
         ThermalExcursions(),
         Throttling(**throttle),
         LinkErrors(),
+        GpuErrors(),  # before quality: a GPU off the bus explains its telemetry's gaps
         DataQuality(**quality),
         LatencyRegressions(),
         FleetOutliers(),

@@ -106,6 +106,8 @@ class Frame:
     resets: dict[str, int]  # GPU key -> counter resets seen in this frame
     link_errors: dict[str, dict[str, float]]  # GPU key -> link -> errors in this frame
     late: int = 0
+    #: GPU key -> error code (``xid:79``) -> events in this frame (``detectors/gpu_errors.py``).
+    gpu_errors: dict[str, dict[str, float]] = field(default_factory=dict)
     #: What earlier detectors computed for later ones (per GPU, (G, T)), this cycle only.
     derived: dict[str, np.ndarray] = field(default_factory=dict)
     #: Findings open after the detectors that ran before, for correlation.

@@ -14,7 +14,7 @@ import numpy as np
 
 from hbmwatch.detectors.frame import TABLE_LABELS, TABLES, Entities, Frame, SeriesIndex
 from hbmwatch.detectors.frame_grid import LAST, REDUCE_OF_SIGNAL, SUM, Grid, Plan, Samples
-from hbmwatch.detectors.signals import MAX_STACKS, SIGNAL_CODE, SIGNALS, route
+from hbmwatch.detectors.signals import MAX_STACKS, SIGNAL_CODE, SIGNALS, error_code, route
 from hbmwatch.records import SeriesKey
 from hbmwatch.store.feed import SampleBlock
 
@@ -70,6 +70,7 @@ class FrameBuilder:
         self._pair: list[int] = []  # fabric series: index into _pairs, else -1
         self._pairs: list[tuple[int, str]] = []  # (GPU entity, link) of fabric series
         self._pair_of: dict[tuple[int, str], int] = {}
+        self._code: list[str] = []  # error event series: its code (``xid:79``), else ""
         self._entities = [Entities(), Entities(), Entities()]
         self._cols: dict[str, np.ndarray] = {}
         self._plan: Plan | None = None  # where the last frame's series went
@@ -117,6 +118,8 @@ class FrameBuilder:
             if pair == len(self._pairs):
                 self._pairs.append((self._entity[-1], self._link[-1]))
         self._pair.append(pair)
+        code = error_code(key) if r is not None and key is not None else None
+        self._code.append(code or "")
         return slot
 
     def _grow(self) -> None:
@@ -124,6 +127,7 @@ class FrameBuilder:
         for name in ("_table", "_signal", "_entity", "_stack", "_how"):
             self._cols[name] = np.asarray(getattr(self, name), dtype=np.int64)
         self._cols["link_pair"] = np.asarray(self._pair, dtype=np.int64)
+        self._cols["error"] = np.asarray([bool(c) for c in self._code], dtype=bool)
         table, how = self._cols["_table"], self._cols["_how"]
         self._cols["fabric"] = (table == 0) & (
             self._cols["_signal"] == SIGNAL_CODE["fabric_errors"]
@@ -239,6 +243,7 @@ class FrameBuilder:
                 key = gpus.keys[self._entity[s]]
                 frame.resets[key] = frame.resets.get(key, 0) + 1
         self._link_errors(frame, slot, t, delta)
+        self._error_codes(frame, slot, t, delta)
         frac = np.flatnonzero(self._cols["kind"][slot] == 2)
         if len(frac):  # seconds of throttling per step -> fraction of the step
             dt = np.where(first[frac], frame.step_ms, t[frac] - t[frac - 1]) / 1000.0
@@ -262,6 +267,17 @@ class FrameBuilder:
         for j in np.argsort(first).tolist():
             entity, link = self._pairs[int(pairs[j])]
             frame.link_errors.setdefault(gpus.keys[entity], {})[link] = float(totals[j])
+
+    def _error_codes(
+        self, frame: Frame, slot: np.ndarray, t: np.ndarray, delta: np.ndarray
+    ) -> None:
+        """GPU error events in the frame per GPU and code: what the detector names."""
+        up = np.flatnonzero(delta > 0)
+        up = up[self._cols["error"][slot[up]] & (t[up] >= frame.start_ms)]
+        gpus = self._entities[TABLES.index("gpu")]
+        for s, n in zip(slot[up].tolist(), delta[up].tolist(), strict=True):  # rare events
+            codes = frame.gpu_errors.setdefault(gpus.keys[self._entity[s]], {})
+            codes[self._code[s]] = codes.get(self._code[s], 0.0) + n
 
     def _scatter(self, frame: Frame, gauges: Samples, counters: Samples) -> None:
         """Lay the samples on the grid: one scatter per reduction, no sort by signal.

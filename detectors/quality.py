@@ -27,6 +27,7 @@ from hbmwatch.detectors.base import (
     make_finding,
 )
 from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.quality_explained import explained
 from hbmwatch.detectors.quality_sensors import (
     GAPS,
     TEMPS,
@@ -287,6 +288,7 @@ class DataQuality(SensorChecks, TargetChecks):
             report = self._resets_report(frame, ekey, t_ms)
         entity = report.entity
         entity["check"] = check
+        report = explained(report, check, frame.open_findings)
         return make_finding(
             kind=FindingKind.DATA_QUALITY, detector=self.name, entity=entity,
             severity=report.severity, summary=report.summary, started_ms=ep.started_ms,

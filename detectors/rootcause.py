@@ -11,6 +11,10 @@ between the windows against a reference size (``REFS``), weighed by
   ranked first (a GEMM's power cap 60 s after a copy slowed the requests did not cause it);
 * **lagged correlation**: the candidate leading the workload's latency excess by 0-30 s.
 
+A GPU error is the one candidate read from a finding rather than a signal: a critical
+``gpu_errors`` finding open on the GPU explains the regression outright
+(``detectors/rootcause_errors.py``).
+
 Every cause names its entity (the GPU, rack or cluster it is about) and carries the
 evidence series with its window, lag and strength; a cause without evidence (``none``)
 is never shown as confident.
@@ -37,6 +41,7 @@ import numpy as np
 from hbmwatch.detectors.frame import Frame
 from hbmwatch.detectors.heatscope import heat_scope
 from hbmwatch.detectors.leadlag import change, lagged_corr, onset, resolution
+from hbmwatch.detectors.rootcause_errors import gpu_error_cause, gpu_error_findings
 from hbmwatch.records import (
     NO_EVIDENCE,
     Evidence,
@@ -102,6 +107,8 @@ class Scored:
     evidence: list[Evidence]
     key: str
     late: bool
+    summary: str = ""
+    entity: dict[str, str] | None = None
 
 
 class RootCause:
@@ -140,13 +147,14 @@ class RootCause:
         open_ids = set()
         out = []
         thermal = [f for f in frame.open_findings if f.kind == FindingKind.THERMAL_EXCURSION]
+        errors = gpu_error_findings(frame.open_findings)
         for f in frame.open_findings:
             if f.kind not in REGRESSIONS:
                 continue
             open_ids.add(f.id)
             cached = self.ranked_.get(f.id)
             if cached is None or now - f.started_ms <= self.rank_for_s * 1000:
-                causes = self.rank(frame, f, thermal, now)
+                causes = self.rank(frame, f, thermal, now, errors)
                 self.ranked_[f.id] = {"causes": [dataclasses.asdict(c) for c in causes]}
             else:
                 causes = [cause_from_dict(c) for c in cached["causes"]]
@@ -157,8 +165,9 @@ class RootCause:
 
     # -- ranking ----------------------------------------------------------------------------
     def rank(
-        self, frame: Frame, reg: Finding, thermal: Sequence[Finding], now: int
-    ) -> list[RankedCause]:
+        self, frame: Frame, reg: Finding, thermal: Sequence[Finding], now: int,
+        errors: Sequence[Finding] = (),
+    ) -> list[RankedCause]:  # fmt: skip
         ctx = frame.context
         gpus = _gpus_of(ctx, reg.entity)
         start = reg.started_ms
@@ -183,6 +192,11 @@ class RootCause:
             got.key, got.late = top.key or keys[0], top.late
             got.strength *= WEIGHT.get(cause, 1.0) * (LATE if got.late else 1.0)
             scored.append(got)
+        found = gpu_error_cause(errors, gpus, start, self.lead_s)
+        if found is not None:
+            strength = found.strength * (LATE if found.late else 1.0)
+            scored.append(Scored(strength, Cause.GPU_ERROR, list(found.evidence), found.key,
+                                 found.late, found.summary, found.entity))  # fmt: skip
         # What started before the regression first, then by strength.
         scored.sort(key=lambda c: (c.late, -c.strength))
         span = (lo, cut, start, now)
@@ -240,8 +254,8 @@ class RootCause:
         for c in scored:
             if c.strength < 0.05:
                 continue
-            name, entity = c.cause, _place(labels.get(c.key, reg.entity))
-            evidence, summary = list(c.evidence), ""
+            name, entity = c.cause, c.entity or _place(labels.get(c.key, reg.entity))
+            evidence, summary = list(c.evidence), c.summary
             if c.cause is Cause.THERMAL:
                 scope = heat_scope(frame.context, c.key, span)
                 if scope is not None:

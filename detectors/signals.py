@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from hbmwatch.gpu_errors import Action, lookup
 from hbmwatch.metrics import THERMAL_THROTTLE_REASONS
 from hbmwatch.records import SeriesKey
 
@@ -79,7 +80,27 @@ SIGNAL_METRIC: dict[str, str] = {
     "thr_hbm": "gpu_throttle_seconds_total",
     "thr_thermal": "gpu_throttle_seconds_total",
     "thr_power": "gpu_throttle_seconds_total",
+    **{signal: "gpu_error_events_total" for signal in ("err_fatal", "err_reset", "err_benign")},
+    "remap_failed": "gpu_row_remap_failed",
+    "health": "gpu_health_status",
 }
+
+#: GPU error events by what they ask of an operator: one signal per action class.  An
+#: unknown code counts with the benign ones: worth a look in a storm, not a page alone.
+ERROR_SIGNAL: dict[Action, str] = {
+    Action.FATAL: "err_fatal",
+    Action.NEEDS_RESET: "err_reset",
+    Action.BENIGN: "err_benign",
+    Action.UNKNOWN: "err_benign",
+}
+
+
+def error_code(key: SeriesKey) -> str | None:
+    """``xid:79`` for a ``gpu_error_events_total`` series, None for others or a bad code."""
+    if key.metric != "gpu_error_events_total":
+        return None
+    scheme, code = key.label("scheme") or "", key.label("code") or ""
+    return f"{scheme}:{int(code)}" if scheme and code.isdigit() else None
 
 
 def _device_route(key: SeriesKey, gkey: str) -> Route | None:
@@ -113,6 +134,19 @@ def _device_route(key: SeriesKey, gkey: str) -> Route | None:
         return Route("gpu", gkey, _COUNTERS[m], "sum")
     if m == "gpu_ecc_errors_total" and label("severity") == "uncorrectable":
         return Route("gpu", gkey, "ecc_uncorrectable", "sum")
+    return _error_route(key, gkey)
+
+
+def _error_route(key: SeriesKey, gkey: str) -> Route | None:
+    """GPU error events by action class; the worst remap and health verdict per GPU."""
+    code = error_code(key)
+    if code is not None:
+        scheme, number = code.split(":")
+        return Route("gpu", gkey, ERROR_SIGNAL[lookup(scheme, number).action], "sum")
+    if key.metric == "gpu_row_remap_failed":
+        return Route("gpu", gkey, "remap_failed", "max")
+    if key.metric == "gpu_health_status":
+        return Route("gpu", gkey, "health", "max")
     return None
 
 
@@ -122,7 +156,8 @@ SIGNAL_REDUCTION: dict[str, str] = {
     "clock": "last", "mem_clock": "last", "bw": "mean", "util": "mean",
     "thr_hbm": "max", "thr_thermal": "max", "thr_power": "max",
     "pcie_replays": "sum", "pcie_recoveries": "sum", "fabric_errors": "sum",
-    "ecc_uncorrectable": "sum",
+    "ecc_uncorrectable": "sum", "err_fatal": "sum", "err_reset": "sum", "err_benign": "sum",
+    "remap_failed": "max", "health": "max",
     "p50": "last", "p95": "last", "p99": "last", "res50": "last", "res95": "last",
     "res99": "last", "window_requests": "last", "requests": "sum",
     "up": "last", "sentinel": "sum",
@@ -137,6 +172,9 @@ WATCHED_METRICS: tuple[str, ...] = (
     "gpu_throttle_active",
     "gpu_throttle_seconds_total",
     "gpu_ecc_errors_total",
+    "gpu_error_events_total",
+    "gpu_row_remap_failed",
+    "gpu_health_status",
     "workload_latency_seconds",
     "workload_latency_resolution_seconds",
     "workload_window_requests",

@@ -333,6 +333,43 @@ class Alert:
         return bool(self.silenced_by or self.inhibited_by)
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class Workload:
+    """What ran on a GPU (or partition): a pod, a container of it, or a Slurm job.
+
+    Read from ``gpu_workload_info`` (collector/attribution.py); an incident names the
+    workloads on its GPUs, so ``?pod=`` finds the pages that hit a team's pod.
+    """
+
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    job: str = ""
+    host: str = ""
+    gpu: str = ""
+    partition: str = ""
+    cluster: str = ""
+
+    def describe(self) -> str:
+        """One workload in words: ``ml/llama-7b-5d9f (vllm)``, ``job 4242``, or both.
+
+        >>> Workload(namespace="ml", pod="llama-7b", container="vllm").describe()
+        'ml/llama-7b (vllm)'
+        >>> Workload(job="4242").describe()
+        'job 4242'
+        """
+        pod = "/".join(p for p in (self.namespace, self.pod) if p)
+        if pod and self.container:
+            pod += f" ({self.container})"
+        job = f"job {self.job}" if self.job else ""
+        return ", ".join(p for p in (pod, job) if p)
+
+
+def workload_from_dict(d: Mapping[str, Any]) -> Workload:
+    names = {f.name for f in dataclasses.fields(Workload)}
+    return Workload(**{k: str(v) for k, v in d.items() if k in names})
+
+
 @dataclass(frozen=True, slots=True)
 class IncidentEvent:
     """One line of an incident's timeline."""
@@ -362,6 +399,8 @@ class Incident:
     causes: tuple[RankedCause, ...] = ()
     evidence: tuple[Evidence, ...] = ()
     timeline: tuple[IncidentEvent, ...] = ()
+    #: What ran on the incident's GPUs over its alerts' windows (sorted; capped).
+    workloads: tuple[Workload, ...] = ()
 
     @property
     def open(self) -> bool:

@@ -328,6 +328,18 @@ class CollectorSettings(_Section):
         "stored again; its refresh goes in hbmwatch_target_refresh_seconds (docs/collector.md).",
     )
     inventory_seconds: float = Field(60.0, gt=0)
+    workload_label_cap: int = Field(
+        10_000,
+        gt=0,
+        description="Distinct values of each workload label (namespace, pod, container, "
+        "job) kept per target in gpu_workload_info; more are counted as dropped (label_cap).",
+    )
+    slurm_job_mapping_dir: str | None = Field(
+        None,
+        description="dcgm-exporter's --hpc-job-mapping-dir layout (one file per GPU index "
+        "holding its job ids), read each collection into gpu_workload_info{job} for this "
+        "host's GPUs.",
+    )
     shard: str | None = Field(
         None,
         description="i/N (0-based): scrape only the targets whose URL hashes to shard i of N, "
@@ -339,7 +351,11 @@ class CollectorSettings(_Section):
     @property
     def configured(self) -> bool:
         return bool(
-            self.targets or self.target_file or self.local_sources or self.kubernetes.exporters
+            self.targets
+            or self.target_file
+            or self.local_sources
+            or self.kubernetes.exporters
+            or self.slurm_job_mapping_dir
         )
 
 

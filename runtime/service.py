@@ -156,6 +156,10 @@ def local_sources(settings: Settings) -> list[Any]:
                 f"collector.local_sources: {kind}: {exc}", field="collector.local_sources"
             ) from None
         sources.append(source)
+    if settings.collector.slurm_job_mapping_dir:
+        from hbmwatch.collector.sources.slurm import SlurmJobMapping
+
+        sources.append(SlurmJobMapping(settings.collector.slurm_job_mapping_dir))
     return sources
 
 

@@ -24,6 +24,7 @@ from hbmwatch.records import (
     Severity,
     Silence,
     cause_from_dict,
+    workload_from_dict,
 )
 from hbmwatch.records import Evidence as EvidenceRecord
 from hbmwatch.store.guard import guarded
@@ -140,7 +141,10 @@ class AlertBook:
     def incidents(
         self, *, state: str | None = None, rack: str | None = None, host: str | None = None,
         since_ms: int | None = None, limit: int = 1000,
+        workload: Mapping[str, str] | None = None,
     ) -> list[Incident]:  # fmt: skip
+        """Incidents, newest first; ``workload`` (namespace, pod, container, job: exact
+        values) keeps those naming a matching workload on their GPUs."""
         i = IncidentRow
         q = select(i.__table__).order_by(i.opened_ms.desc(), i.id)
         if state is not None:
@@ -151,9 +155,16 @@ class AlertBook:
             q = q.where(i.host == host)
         if since_ms is not None:
             q = q.where(or_(i.resolved_ms.is_(None), i.resolved_ms >= since_ms))
-        q = q.limit(min(limit, MAX_ROWS_PER_QUERY))
+        if workload:  # a JSON list: filtered here, over the (bounded) candidate rows
+            q = q.where(i.workloads.is_not(None))
+        q = q.limit(MAX_ROWS_PER_QUERY if workload else min(limit, MAX_ROWS_PER_QUERY))
         with self.engine.connect() as conn:
-            return [_incident(r._mapping) for r in conn.execute(q)]
+            rows = [_incident(r._mapping) for r in conn.execute(q)]
+        if workload:
+            rows = [x for x in rows if any(
+                all(getattr(w, k) == v for k, v in workload.items()) for w in x.workloads
+            )]  # fmt: skip
+        return rows[: min(limit, MAX_ROWS_PER_QUERY)]
 
     def incident(self, incident_id: str) -> Incident | None:
         q = select(IncidentRow.__table__).where(IncidentRow.id == incident_id)
@@ -204,6 +215,7 @@ def _incident(row: Mapping[str, Any]) -> Incident:
         alerts=tuple(d["alerts"]), causes=tuple(cause_from_dict(c) for c in d["causes"]),
         evidence=tuple(EvidenceRecord(**e) for e in d["evidence"]),
         timeline=tuple(IncidentEvent(**e) for e in d["timeline"]),
+        workloads=tuple(workload_from_dict(w) for w in d.get("workloads") or ()),
     )  # fmt: skip
     return Incident(**d)
 

@@ -232,6 +232,8 @@ class IncidentRow(Base):
     causes: Mapped[list[Any]] = mapped_column(JSON)
     evidence: Mapped[list[Any]] = mapped_column(JSON)
     timeline: Mapped[list[Any]] = mapped_column(JSON)
+    #: ``hbmwatch.records.Workload`` as dicts; NULL in rows written before 0008.
+    workloads: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class SilenceRow(Base):

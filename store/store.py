@@ -54,12 +54,13 @@ from hbmwatch.store.tiers import HOUR_MS as HOUR_MS
 from hbmwatch.store.tiers import MINUTE_MS as MINUTE_MS
 from hbmwatch.store.tiers import write_state
 from hbmwatch.store.watching import Watching
+from hbmwatch.store.workloads import WorkloadQueries
 from hbmwatch.store.writing import Writing
 from hbmwatch.validation import InvalidQuery
 
 
 @guarded
-class Store(Writing, Compaction, Watching, Queries):
+class Store(Writing, Compaction, Watching, Queries, WorkloadQueries):
     """Samples, series, rollups and inventory behind one object (see module doc).
 
     Every public method raises ``StoreUnavailable`` when the database cannot answer."""

@@ -47,6 +47,9 @@ _CHOICES = {
     "severity": ("correctable",),
     "quantile": ("0.5", "0.99"),
     "phase": ("ttft", "e2e"),
+    "scheme": ("xid",),  # issue 18's error and health series (one value each)
+    "code": ("79",),
+    "check": ("overall",),
 }
 
 
@@ -93,6 +96,8 @@ def _value(m: MetricDef, labels: Mapping[str, str], i: int, n: int) -> float:
         return 8.0 if (labels["host"], labels["gpu"]) == ("n0", "1") and late else 16.0
     if m.name == "gpu_pcie_link_speed_transfers_per_second":
         return 32e9
+    if m.unit == "info":
+        return 1.0
     if m.unit == "boolean":
         return float(i // 20 % 2)
     if m.unit == "ratio":
@@ -113,6 +118,13 @@ def _canonical() -> Iterator[Series]:
                 for names in [[n for n in ("phase", "quantile") if n in m.required_labels]]
                 for combo in itertools.product(*(_CHOICES[n] for n in names))
             ]  # fmt: skip
+        elif m.scope is Scope.ATTRIBUTION:  # a pod on each host's GPU 0, a Slurm job on GPU 1
+            sets = [
+                {"cluster": "c0", "rack": i["rack"], "host": h, "gpu": "0", "namespace": "ml",
+                 "pod": f"chat-{h}", "container": "vllm"}
+                for h, i in _HOSTS.items()
+            ] + [{"cluster": "c0", "rack": i["rack"], "host": h, "gpu": "1", "job": f"42{n}"}
+                 for n, (h, i) in enumerate(_HOSTS.items())]  # fmt: skip
         else:  # collector
             sets = [{"cluster": "c0", "rack": i["rack"], "host": h, "target": f"dme-{h}",
                      **({"reason": "malformed"} if "reason" in m.labels else {})}

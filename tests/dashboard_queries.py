@@ -85,7 +85,8 @@ VIRTUAL: dict[str, MetricDef] = {
 #: Grafana's variables that stand for durations, and the values the tests give them.
 DURATIONS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "30m"}
 #: Values of the dashboards' own variables in the tests' data.
-VARIABLE_VALUES = {"cluster": "c0", "host": "n0", "gpu": "0", "rack": "r0"}
+VARIABLE_VALUES = {"cluster": "c0", "host": "n0", "gpu": "0", "rack": "r0", "namespace": "ml",
+                   "pod": "chat-n0"}  # fmt: skip
 _VAR_REF = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 _LABEL_VALUES = re.compile(r"^\s*label_values\((.*),\s*([A-Za-z_]\w*)\s*\)\s*$", re.S)
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
-import shutil
 import ssl
-import subprocess
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -303,19 +301,6 @@ def test_deadline_leaves_an_outer_cancel_alone() -> None:
             await task
 
     asyncio.run(run())
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    argv = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-            "-addext", "subjectAltName=IP:127.0.0.1"]  # fmt: skip
-    subprocess.run(argv, check=True, capture_output=True)
-    return cert, key
 
 
 def test_tls_verifies_with_the_given_context(certificate: tuple[Path, Path]) -> None:

@@ -77,7 +77,8 @@ def values(up: httpx.Client) -> dict[str, str]:
         body = up.post("api/v1/query", data={"query": expr, "time": time.time()}).json()
         if result := body["data"]["result"]:
             labels = min((r["metric"] for r in result), key=lambda m: sorted(m.items()))
-            return {k: labels.get(k, "") for k in ("cluster", "rack", "host", "gpu")}
+            place = {k: labels.get(k, "") for k in ("cluster", "rack", "host", "gpu")}
+            return {**place, "namespace": ".*", "pod": ".*"}  # the workload filters on "All"
     pytest.fail("the simulated fleet has no workloads")
 
 

@@ -12,9 +12,7 @@ import asyncio
 import copy
 import json
 import re
-import shutil
 import ssl
-import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -206,20 +204,6 @@ def test_in_cluster_address_and_its_absence(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
     with pytest.raises(ConfigError, match=r"not in a pod .* and no api_url set"):
         api_base(KubernetesSettings())
-
-
-@pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1, as a cluster's CA would sign the API's."""
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    argv = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-            "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-            "-addext", "subjectAltName=IP:127.0.0.1"]  # fmt: skip
-    subprocess.run(argv, check=True, capture_output=True, timeout=60)
-    return cert, key
 
 
 def test_in_cluster_over_tls_with_the_ca_and_token_files(

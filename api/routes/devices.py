@@ -17,11 +17,16 @@ from hbmwatch.api.schemas import (
     TopologyCluster,
     TopologyHost,
     TopologyRack,
+    WorkloadOut,
 )
+from hbmwatch.store.store import Store
 
 router = APIRouter(prefix="/api/v1", tags=["devices"], responses=ERROR_RESPONSES)
 
 Filter = Annotated[str | None, Query(max_length=200)]
+#: "Runs now": a workload with a sample this recent.
+NOW_WINDOW_MS = 5 * 60_000
+MAX_WORKLOADS = 5_000
 
 
 @router.get("/devices", response_model=Page[DeviceOut])
@@ -47,7 +52,21 @@ def list_devices(
         "vendor": vendor,
     }
     devices = store.devices(**{k: v for k, v in filters.items() if v is not None})
-    return page([DeviceOut.of(d) for d in devices], limit, cursor)
+    found = page([DeviceOut.of(d) for d in devices], limit, cursor)
+    _attach_workloads(store, found.items)
+    return found
+
+
+def _attach_workloads(store: Store, items: list[DeviceOut]) -> None:
+    """What runs on each GPU of the page now: one query for the page's devices."""
+    now = store.now_ms()
+    places = [{"cluster": d.cluster, "host": d.host, "gpu": d.gpu, "partition": d.partition}
+              for d in items]  # fmt: skip
+    by_place = defaultdict(list)
+    for w in store.workloads(places, now - NOW_WINDOW_MS, now, limit=MAX_WORKLOADS):
+        by_place[(w.cluster, w.host, w.gpu, w.partition)].append(WorkloadOut.of(w))
+    for d in items:
+        d.workloads = by_place.get((d.cluster, d.host, d.gpu, d.partition), [])
 
 
 @router.get("/topology", response_model=Topology)

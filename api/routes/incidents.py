@@ -28,11 +28,17 @@ from hbmwatch.api.schemas import (
     TimelineEvent,
     rfc3339,
 )
+from hbmwatch.api.workloads import workload_filter
 from hbmwatch.records import Alert, Incident, IncidentState, Severity
 
 router = APIRouter(prefix="/api/v1", tags=["incidents"], responses=ERROR_RESPONSES)
 
 IncidentId = Annotated[str, Path(max_length=100, description="The incident's id.")]
+Namespace = Annotated[str | None, Query(description="Incidents whose GPUs ran a pod of "
+                                        "this namespace (exact).")]  # fmt: skip
+Pod = Annotated[str | None, Query(description="... ran this pod (exact).")]
+Container = Annotated[str | None, Query(description="... ran this container (exact).")]
+Job = Annotated[str | None, Query(description="... ran this Slurm job (exact).")]
 #: The window a "series to check" link covers around the incident.
 LINK_PADDING_MS = 15 * 60_000
 #: Labels that name an affected entity, most specific first.
@@ -53,14 +59,22 @@ def list_incidents(
     rack: Annotated[str | None, Query(max_length=200)] = None,
     host: Annotated[str | None, Query(max_length=200)] = None,
     since: TimeParam = None,
+    namespace: Namespace = None,
+    pod: Pod = None,
+    container: Container = None,
+    job: Job = None,
     limit: Limit = 100,
     cursor: Cursor = None,
 ) -> Page[IncidentOut]:
-    """Incidents, newest opened first; since selects those open at or after it."""
+    """Incidents, newest opened first; since selects those open at or after it;
+    namespace, pod, container and job those whose GPUs ran a matching workload (all
+    given must hold for one workload)."""
     since_ms = None if since is None else int(parse_time("since", since, 0) * 1000)
+    workload = workload_filter(namespace=namespace, pod=pod, container=container, job=job)
     found = store.alerts.incidents(
-        state=state.value if state else None, rack=rack, host=host, since_ms=since_ms, limit=5000
-    )
+        state=state.value if state else None, rack=rack, host=host, since_ms=since_ms,
+        limit=5000, workload=workload,
+    )  # fmt: skip
     if severity is not None:
         found = [i for i in found if i.severity is severity]
     return page([IncidentOut.of(i) for i in found], limit, cursor)

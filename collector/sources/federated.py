@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from hbmwatch.collector.attribution import federated_labels
 from hbmwatch.collector.exposition import SeriesCache, SeriesRef, parse
 from hbmwatch.collector.sources.dcgm import DcgmTranslator
 from hbmwatch.collector.sources.dme import DmeTranslator
@@ -172,7 +173,9 @@ class FederatedTranslator:
         if source == "up":
             return _Route("up", exporter, labels=labels)
         identity = self.identity(labels)
-        page_labels = [(k, v) for k, v in series.labels if k not in FEDERATION_LABELS]
+        page_labels = federated_labels(
+            (k, v) for k, v in series.labels if k not in FEDERATION_LABELS
+        )
         route = _Route(
             source,
             exporter,

@@ -1,0 +1,42 @@
+"""Telemetry gaps a GPU error explains: a GPU off the bus reads sentinels and drops out.
+
+Why: when a GPU falls off the bus (XID 79), the exporter's lines for it turn to DCGM's
+"not supported" sentinels or vanish.  The data-quality checks see that, rightly, but the
+telemetry is not what broke: the GPU is, and its ``gpu_errors`` finding (which runs first
+in the cycle) already pages for it.  A ``gap`` on a GPU, or ``sentinel`` values from the
+exporter of its host, while a critical GPU error is open there is recorded at ``info`` (no
+page of its own) with the GPU error as its cause, so it can never become the cause of
+the incident over the XID.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from hbmwatch.detectors.quality_sensors import CheckReport
+from hbmwatch.records import Finding, Severity
+from hbmwatch.taxonomy import Cause, FindingKind
+
+#: The checks a broken GPU explains, and the entity labels that must match its finding's.
+EXPLAINED = {"gap": ("cluster", "host", "gpu"), "sentinel": ("cluster", "host")}
+
+
+def explained(report: CheckReport, check: str, open_findings: Iterable[Finding]) -> CheckReport:
+    """The report, at ``info`` with cause ``gpu_error``, when an open critical GPU error on
+    the same GPU (``gap``) or host (``sentinel``) explains it; else unchanged."""
+    labels = EXPLAINED.get(check)
+    if labels is None:
+        return report
+    for f in open_findings:
+        if (
+            f.kind == FindingKind.GPU_ERRORS
+            and f.severity is Severity.CRITICAL
+            and f.ended_ms is None
+            and all(f.entity.get(k, "") == report.entity.get(k, "") for k in labels)
+        ):
+            return report._replace(
+                summary=f"{report.summary} (explained by {f.summary})",
+                severity=Severity.INFO,
+                cause=Cause.GPU_ERROR,
+            )
+    return report
