@@ -4,8 +4,10 @@ Per scenario and fault kind (pooled over seeds), then per fault kind over all sc
 then what no fault explains; ``checks`` holds the targets of issue 13 ("Must hold"):
 per fault kind at least 0.95 of faults with exactly one incident and top cause right in at
 least 0.9; median time to page at most 60 s over the thermal kinds; no noisy neighbour
-blamed on heat; at most 1 unexplained page per 1,000 healthy GPU-hours.  Definitions are
-in ``hbmwatch.evaluation.incident_scoring``.
+blamed on heat; at most 1 unexplained page per 1,000 healthy GPU-hours; and of issue 18:
+every ``xid_fatal`` / ``row_remap_failure`` fault paged, its incident naming every pod on
+its GPUs, and no pod move opening an incident.  Definitions are in
+``hbmwatch.evaluation.incident_scoring``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from statistics import median
 from typing import Any
 
 from hbmwatch.evaluation.incident_scoring import (
+    PODS_NAMED_FAULTS,
     IncidentOutcome,
+    MoveOutcome,
     PagedRunLike,
     RunIncidents,
     score_run,
@@ -32,7 +36,8 @@ from hbmwatch.evaluation.scoring import (
 )
 
 TARGETS = {"one_incident": 0.95, "top1": 0.9, "thermal_page_median_s": 60.0,
-           "unexplained_pages_per_1000_gpu_h": 1.0, "noisy_not_heat": 1.0}  # fmt: skip
+           "unexplained_pages_per_1000_gpu_h": 1.0, "noisy_not_heat": 1.0, "paged": 1.0,
+           "pods_named": 1.0, "moves_quiet": 1.0}  # fmt: skip
 COLUMNS = ("scenario", "fault kind", "n", "one incident", "paged", "page p50", "title",
            "top-1", "top-3", "entity", "evidence")  # fmt: skip
 
@@ -88,6 +93,9 @@ class IncidentReport(CheckedReport):
     unexplained_incidents_per_1000_gpu_h: float | None
     checks: dict[str, bool | None]
     faults: list[IncidentOutcome]
+    pods_named: float | None = None  # of faults whose incident must name their pods
+    moves_quiet: float | None = None  # of pod moves
+    moves: list[MoveOutcome] | None = None
 
     def rows(self) -> list[tuple[str, ...]]:
         """Per scenario and kind, per kind ("all", with its check), then the overall lines;
@@ -101,6 +109,10 @@ class IncidentReport(CheckedReport):
                   self.checks.get("thermal_page_median"), col=5),
             _line("noisy neighbour not blamed on heat", pct(self.noisy_not_heat),
                   self.checks.get("noisy_not_heat")),
+            _line("GPU error faults: incident names every pod on the GPU",
+                  pct(self.pods_named), self.checks.get("pods_named")),
+            _line(f"pod moves without an incident ({len(self.moves or [])} moves)",
+                  pct(self.moves_quiet), self.checks.get("moves_quiet")),
             _line(f"unexplained pages / 1,000 GPU-h ({self.unexplained_pages} of {self.pages} "
                   f"pages in {self.healthy_gpu_hours:.0f} GPU-h)",
                   rate(self.unexplained_pages_per_1000_gpu_h),
@@ -111,7 +123,7 @@ class IncidentReport(CheckedReport):
         ]  # fmt: skip
 
     def _kind_ok(self, kind: str) -> bool | None:
-        checks = [self.checks.get(f"{c}:{kind}") for c in ("one_incident", "top1")]
+        checks = [self.checks.get(f"{c}:{kind}") for c in ("one_incident", "top1", "paged")]
         return False if False in checks else True if True in checks else None
 
     def table(self) -> Any:
@@ -152,6 +164,7 @@ def score_incidents(results: Sequence[PagedRunLike]) -> IncidentReport:
     hours = sum(s.healthy_gpu_hours for s in scored)
     bad_pages = sum(len(s.unexplained_pages) for s in scored)
     bad_incidents = sum(len(s.unexplained_incidents) for s in scored)
+    moves = [m for s in scored for m in s.moves]
     report = IncidentReport(
         runs=len(results), by_scenario=by_scenario, by_kind=by_kind,
         thermal_page_median_s=median(thermal) if thermal else None,
@@ -160,7 +173,9 @@ def score_incidents(results: Sequence[PagedRunLike]) -> IncidentReport:
         incidents=sum(s.incidents for s in scored), unexplained_incidents=bad_incidents,
         healthy_gpu_hours=hours, unexplained_pages_per_1000_gpu_h=_rate(bad_pages, hours),
         unexplained_incidents_per_1000_gpu_h=_rate(bad_incidents, hours), checks={},
-        faults=outs,
+        faults=outs, pods_named=mean([bool(o.pods_named) for o in outs
+                                      if o.pods_named is not None]),
+        moves_quiet=mean([m.quiet for m in moves]), moves=moves,
     )  # fmt: skip
     report.checks = _checks(report)
     return report
@@ -177,6 +192,8 @@ def _checks(r: IncidentReport) -> dict[str, bool | None]:
     for kind, g in r.by_kind.items():
         checks[f"one_incident:{kind}"] = g.one_incident >= TARGETS["one_incident"]
         checks[f"top1:{kind}"] = g.top1 >= TARGETS["top1"]
+        if kind in PODS_NAMED_FAULTS:  # every one must page
+            checks[f"paged:{kind}"] = g.paged >= TARGETS["paged"]
     median = r.thermal_page_median_s
     checks["thermal_page_median"] = (
         None if median is None else median <= TARGETS["thermal_page_median_s"]
@@ -184,8 +201,14 @@ def _checks(r: IncidentReport) -> dict[str, bool | None]:
     checks["noisy_not_heat"] = (
         None if r.noisy_not_heat is None else r.noisy_not_heat >= TARGETS["noisy_not_heat"]
     )
+    checks["pods_named"] = _at_least(r.pods_named, TARGETS["pods_named"])
+    checks["moves_quiet"] = _at_least(r.moves_quiet, TARGETS["moves_quiet"])
     rate = r.unexplained_pages_per_1000_gpu_h
     checks["unexplained_pages"] = (
         None if rate is None else rate <= TARGETS["unexplained_pages_per_1000_gpu_h"]
     )
     return checks
+
+
+def _at_least(value: float | None, target: float) -> bool | None:
+    return None if value is None else value >= target

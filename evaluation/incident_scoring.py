@@ -30,6 +30,12 @@ exactly (times in Unix seconds; entity matching, causes and healthy GPU-hours ar
   match the fault's entity.  **Evidence** when the top cause carries at least one evidence
   series.  A noisy neighbour is **blamed on heat** when its judged incident's top cause is
   thermal (``Cause.is_thermal``) or its title names a thermal cause.
+* **Pods named** (``xid_fatal`` and ``row_remap_failure`` faults whose ground truth lists
+  ``affected_pods``): the judged incident's ``workloads`` name every one of those pods;
+  not met when it names none or there is no judged incident.
+* **Pod moves** (ground truth ``moves``: a pod rescheduled between two GPUs, no fault): a
+  move is **quiet** unless an incident has an alert that matches one of its GPUs (as a
+  fault's entity), fired at or after ``at - 120 s``, and that no fault explains.
 * **Unexplained.** An alert is explained by a fault when its labels match the fault's
   entity, the fault explains its kind, and it started firing in ``[onset - 120 s,
   end + 300 s]``.  A page is unexplained when none of its new alerts is explained; an
@@ -63,6 +69,8 @@ from hbmwatch.records import Alert, Incident, RankedCause
 from hbmwatch.taxonomy import Cause
 
 PAGING_SEVERITIES = ("warning", "critical")
+#: Faults whose incident must name the pods on the affected GPUs.
+PODS_NAMED_FAULTS = ("xid_fatal", "row_remap_failure")
 READ_AFTER_S = 60.0  # the incident is judged as on-call reads it, this long after the page
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -115,6 +123,19 @@ class IncidentOutcome:
     names_entity: bool = False
     has_evidence: bool = False
     blamed_heat: bool | None = None  # noisy_neighbour only
+    pods_expected: list[str] = field(default_factory=list)
+    pods_named: bool | None = None  # xid_fatal / row_remap_failure with pods only
+
+
+@dataclass
+class MoveOutcome:
+    """A pod move of one run: quiet unless an incident opened on its GPUs."""
+
+    scenario: str
+    seed: int
+    move_id: str
+    incidents: list[str] = field(default_factory=list)
+    quiet: bool = True
 
 
 @dataclass
@@ -127,6 +148,7 @@ class RunIncidents:
     incidents: int
     unexplained_incidents: list[str]  # their ids
     healthy_gpu_hours: float
+    moves: list[MoveOutcome] = field(default_factory=list)
 
 
 # -- reading the record ---------------------------------------------------------------------
@@ -204,6 +226,12 @@ def cause_names_entity(cause: RankedCause, truth: FaultTruth) -> bool:
     return any(entity_matches(_series_labels(e.series), truth) for e in cause.evidence)
 
 
+def incident_pods(incident: Incident) -> set[str]:
+    """The pods an incident names (``Incident.workloads``; none on a build without it)."""
+    workloads = getattr(incident, "workloads", None) or ()
+    return {str(getattr(w, "pod", "") or "") for w in workloads} - {""}
+
+
 def merged_away(incident: Incident) -> bool:
     """Merged into another incident: its alerts, and their explanation, went with it."""
     return any(e.kind == "merged" and e.text.startswith("merged into") for e in incident.timeline)
@@ -229,6 +257,8 @@ def _judge(out: IncidentOutcome, inc: Incident, truth: FaultTruth) -> None:
         top = inc.causes[0]
         out.names_entity = cause_names_entity(top, truth)
         out.has_evidence = any(e.series for e in top.evidence)
+    if out.pods_expected:
+        out.pods_named = set(out.pods_expected) <= incident_pods(inc)
     if truth.fault.kind == "noisy_neighbour":
         heat_title = any(names_cause(inc.title, c) for c in Cause if c.is_thermal)
         out.blamed_heat = heat_title or (bool(out.causes) and is_thermal_cause(out.causes[0]))
@@ -251,6 +281,8 @@ def score_run(run: PagedRunLike) -> RunIncidents:
     for t in truths:
         f = t.fault
         out = IncidentOutcome(run.scenario, run.seed, f.id, f.kind, f.expected_root_cause)
+        if f.kind in PODS_NAMED_FAULTS and f.pods:
+            out.pods_expected, out.pods_named = sorted(f.pods), False
         out.incidents = sorted({str(a.incident) for a in covering[f.id]})
         out.merged_with = sorted({o.fault.id for i in out.incidents for o in by_incident[i]
                                   if not _alike(o, t)})  # fmt: skip
@@ -279,7 +311,25 @@ def score_run(run: PagedRunLike) -> RunIncidents:
             and not any(explains(a, t) for a in fired if a.incident == i for t in truths)
         ),
         healthy_gpu_hours=healthy_gpu_hours(run.truth, evaluated),
+        moves=score_moves(run, fired, truths),
     )  # fmt: skip
+
+
+def score_moves(run: PagedRunLike, fired: Sequence[Fired],
+                truths: Sequence[FaultTruth]) -> list[MoveOutcome]:  # fmt: skip
+    """Each pod move of the run, with the incidents that opened on its GPUs after it."""
+    out = []
+    for m in run.truth.get("moves", []):
+        at = float(m["at_unix"])
+        place = fault_truth({"id": m["id"], "kind": "pod_move", "onset_unix": at,
+                             "end_unix": at, "affected_gpus": m["affected_gpus"]})  # fmt: skip
+        opened = {
+            str(a.incident) for a in fired
+            if a.incident and a.fired_s >= at - SLACK_BEFORE_S
+            and entity_matches(a.labels, place) and not any(explains(a, t) for t in truths)
+        }  # fmt: skip
+        out.append(MoveOutcome(run.scenario, run.seed, str(m["id"]), sorted(opened), not opened))
+    return out
 
 
 def _alike(a: FaultTruth, b: FaultTruth) -> bool:

@@ -20,10 +20,11 @@ divided by 1,000):
   start of the window it was judged on) with any kind (the consequences of a fault,
   such as a throttle or a fleet outlier on a faulty GPU, are not false), except that
   ``data_quality`` findings are explained only by ``stuck_sensor`` / ``sensor_dropout`` /
-  ``target_down`` faults.  Unexplained findings of one run form one incident when they
-  share a host or a rack (``cluster/rack``; cluster or service where they have neither)
-  and their spans ``[started, ended or updated]`` come within 5 minutes of each other
-  (transitively).  **Rate** = incidents / healthy GPU-hours * 1,000, where healthy
+  ``target_down`` faults and by ``xid_fatal`` (a GPU off the bus reads blank).
+  Unexplained findings of one run form one incident when they share a host or a rack
+  (``cluster/rack``; cluster or service where they have neither) and their spans
+  ``[started, ended or updated]`` come within 5 minutes of each other (transitively).
+  **Rate** = incidents / healthy GPU-hours * 1,000, where healthy
   GPU-hours = sum over runs of ``gpus * evaluated_s / 3600`` minus each affected GPU's
   faulty time (the union of its faults' ``[onset, end]`` within the run).
 * **Delay percentiles**: median and p95 (linear interpolation) of the delays of detected
@@ -59,6 +60,9 @@ SLACK_BEFORE_S, SLACK_AFTER_S = 120.0, 300.0  # what a fault explains, for false
 INCIDENT_GAP_S = 300.0
 THERMAL_FAULTS = ("coolant_degradation", "degraded_stack", "ambient_heat")
 SENSOR_FAULTS = ("stuck_sensor", "sensor_dropout", "target_down")
+#: Faults whose data-quality findings are consequences: sensor faults, and a GPU that fell
+#: off the bus (its fields read DCGM's not-supported sentinel, or vanish from DME's page).
+DATA_QUALITY_FAULTS = (*SENSOR_FAULTS, "xid_fatal")
 REGRESSIONS = (FindingKind.P99_REGRESSION, FindingKind.STEP_TIME_REGRESSION)
 HEAT_FINDINGS = (FindingKind.THERMAL_EXCURSION, FindingKind.THROTTLE)
 TARGETS = {"recall": 0.95, "false_per_1000_gpu_h": 1.0, "thermal_median_delay_s": 30.0,
@@ -89,6 +93,7 @@ class Fault:
     gpus: frozenset[tuple[str, str, str]]  # (cluster, host, gpu)
     services: frozenset[str] = frozenset()
     jobs: frozenset[str] = frozenset()
+    pods: frozenset[str] = frozenset()  # on its GPUs during it (racks with pods only)
 
     @classmethod
     def from_truth(cls, t: Mapping[str, Any]) -> Fault:
@@ -106,6 +111,7 @@ class Fault:
             gpus=gpus,
             services=frozenset(t.get("affected_services", [])),
             jobs=frozenset(t.get("affected_jobs", [])),
+            pods=frozenset(t.get("affected_pods", [])),
         )
 
 
@@ -165,8 +171,9 @@ def matches(f: Finding, truth: FaultTruth) -> bool:
 
 
 def kind_explained(kind: str, fault_kind: str) -> bool:
-    """A fault explains any kind of finding but data quality, which only sensor faults do."""
-    return kind != FindingKind.DATA_QUALITY or fault_kind in SENSOR_FAULTS
+    """A fault explains any kind of finding but data quality, which only sensor faults and
+    a GPU that fell off the bus do."""
+    return kind != FindingKind.DATA_QUALITY or fault_kind in DATA_QUALITY_FAULTS
 
 
 def explains(f: Finding, truth: FaultTruth) -> bool:

@@ -10,13 +10,19 @@ service a vLLM page; each training job a step-time histogram.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hbmwatch.collector.spellings import Family, dcgm, dme, vllm
+from hbmwatch.simulator.error_pages import dcgm_error_families, dme_error_families
 from hbmwatch.simulator.fleet import Fleet, Node
 from hbmwatch.simulator.physics import Physics, R
 from hbmwatch.simulator.workloads import Workloads
+
+if TYPE_CHECKING:
+    from hbmwatch.simulator.errors import GpuErrors
+    from hbmwatch.simulator.pods import Placement
 
 SENSOR_NOISE_C = 0.3  # read noise before the sensor rounds to whole degrees
 
@@ -46,13 +52,31 @@ def _labels(pairs: Iterable[tuple[str, str]]) -> str:
     return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
 
 
+def _blanked(rows: list[tuple[str, float]], blank: list[bool] | None) -> list[tuple[str, float]]:
+    """A node's rows (one per GPU, in order) with blank GPUs' values as DCGM's sentinel."""
+    if blank is None:
+        return rows
+    return [(lab, dcgm.NOT_SUPPORTED if b else v) for (lab, v), b in zip(rows, blank, strict=True)]
+
+
 class Exposition:
     """Renders pages from the simulation's current state."""
 
-    def __init__(self, fleet: Fleet, physics: Physics, workloads: Workloads) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        physics: Physics,
+        workloads: Workloads,
+        errors: GpuErrors | None = None,
+        placement: Placement | None = None,
+    ) -> None:
         self.fleet = fleet
         self.physics = physics
         self.workloads = workloads
+        #: GPU errors and pods (simulator/errors.py, pods.py): only scenarios with either
+        #: write their lines, so every other scenario's pages stay byte for byte the same.
+        self.errors = errors if errors is not None and errors.enabled else None
+        self.placement = placement
         self._dme_labels = {
             g.index: self._dme_label_sets(g.index)
             for g in fleet.gpus
@@ -69,39 +93,52 @@ class Exposition:
         g = self.fleet.gpus[gpu]
         d = g.device
         out = []
+        pods = self.pod_pairs(gpu, "dme")
         for p in range(g.partitions):
-            out.append(
-                _labels(
-                    [
-                        ("card_model", f"AMD Instinct {g.sku.name}"),
-                        ("gpu_compute_partition_type", d.compute_partition),
-                        ("gpu_id", str(int(d.gpu) * g.partitions + p)),
-                        ("gpu_memory_partition_type", d.memory_partition),
-                        ("gpu_partition_id", str(p)),
-                        ("gpu_uuid", d.uuid),
-                        ("hostname", d.host),
-                        ("serial_number", d.serial),
-                    ]
-                )
-            )
+            pairs = [
+                ("card_model", f"AMD Instinct {g.sku.name}"),
+                ("gpu_compute_partition_type", d.compute_partition),
+                ("gpu_id", str(int(d.gpu) * g.partitions + p)),
+                ("gpu_memory_partition_type", d.memory_partition),
+                ("gpu_partition_id", str(p)),
+                ("gpu_uuid", d.uuid),
+                ("hostname", d.host),
+                ("serial_number", d.serial),
+            ]
+            out.append(_labels(sorted(pairs + pods) if pods else pairs))
         return out
 
-    def _dcgm_label_set(self, gpu: int) -> str:
+    def pod_pairs(self, gpu: int, exporter: str) -> list[tuple[str, str]]:
+        """The pod labels the exporter puts on a GPU's lines (none without a pod)."""
+        return self.placement.pod_labels(gpu, exporter) if self.placement is not None else []
+
+    def relabel(self, gpus: Iterable[int]) -> None:
+        """Rebuild the label sets of GPUs whose pods changed."""
+        for g in gpus:
+            if g in self._dme_labels:
+                self._dme_labels[g] = self._dme_label_sets(g)
+            else:
+                self._dcgm_labels[g] = self._dcgm_label_set(g)
+
+    def dcgm_pairs(self, gpu: int) -> list[tuple[str, str]]:
+        """A GPU's dcgm-exporter identity labels, in the exporter's order."""
         g = self.fleet.gpus[gpu]
         d = g.device
         node = self.fleet.nodes[g.node]
         host_label = "Hostname" if node.dcgm_names == "old" else "hostname"
-        return _labels(
-            [
-                ("gpu", d.gpu),
-                ("UUID", f"GPU-{d.uuid}"),
-                ("pci_bus_id", f"00000000:{0x18 + 0x10 * int(d.gpu):02X}:00.0"),
-                ("device", f"nvidia{d.gpu}"),
-                ("modelName", f"NVIDIA {g.sku.name}"),
-                (host_label, d.host),
-                ("DCGM_FI_DRIVER_VERSION", d.driver),
-            ]
-        )
+        pairs = [
+            ("gpu", d.gpu),
+            ("UUID", f"GPU-{d.uuid}"),
+            ("pci_bus_id", f"00000000:{0x18 + 0x10 * int(d.gpu):02X}:00.0"),
+            ("device", f"nvidia{d.gpu}"),
+            ("modelName", f"NVIDIA {g.sku.name}"),
+            (host_label, d.host),
+            ("DCGM_FI_DRIVER_VERSION", d.driver),
+        ]
+        return pairs
+
+    def _dcgm_label_set(self, gpu: int) -> str:
+        return _labels(self.dcgm_pairs(gpu) + self.pod_pairs(gpu, "dcgm"))
 
     # -- readings -------------------------------------------------------------------------
     def readings(self, held: Readings | None = None) -> Readings:
@@ -189,6 +226,8 @@ class Exposition:
                 continue
             rows = self._dme_rows(family, gpus, values, rd, dropout, node)
             self._family(out, family.name, family.help, "gauge", rows)
+        if self.errors is not None:
+            dme_error_families(self, node, out)
         return "\n".join(out) + "\n"
 
     def _dme_rows(
@@ -209,6 +248,8 @@ class Exposition:
                     continue  # CPX: physical sensors are reported on partition 0 only
                 if sensor is not None and dropout[g, sensor]:
                     continue
+                if self.errors is not None and self.errors.blank[g]:
+                    continue  # a GPU off the bus: DME cannot read it
                 if family.name == "gpu_hbm_temperature":
                     if node.hbm_stack_sensors:
                         for s in range(self.fleet.gpus[g].sku.hbm_stacks):
@@ -291,10 +332,11 @@ class Exposition:
             ),
         ]
         out: list[str] = []
+        blank = self._blank_mask(node)
         for old, kind, value in per_gpu:
             family = dcgm.BY_NAME.get(old)
             help = family.help if family else "Current clock event reasons (bitmask)."
-            rows = [(self._dcgm_labels[g], value(g)) for g in node.gpus]
+            rows = _blanked([(self._dcgm_labels[g], value(g)) for g in node.gpus], blank)
             self._family(out, name(old), help, kind, rows)
         labels = [self._dcgm_labels[g] for g in node.gpus]
         links = range(dcgm.NVLINK_LINKS)
@@ -307,14 +349,22 @@ class Exposition:
             table = errors[error].tolist()
             for link in links:
                 old = f"DCGM_FI_DEV_NVLINK_{kind}_ERROR_COUNT_L{link}"
-                rows = list(zip(labels, table[link], strict=True))
+                rows = _blanked(list(zip(labels, table[link], strict=True)), blank)
                 self._family(out, name(old), dcgm.BY_NAME[old].help, "counter", rows)
         table = bandwidth.astype(float).tolist()
         for link in links:
             old = f"DCGM_FI_DEV_NVLINK_BANDWIDTH_L{link}"
-            rows = list(zip(labels, table[link], strict=True))
+            rows = _blanked(list(zip(labels, table[link], strict=True)), blank)
             self._family(out, name(old), dcgm.BY_NAME[old].help, "counter", rows)
+        if self.errors is not None:
+            dcgm_error_families(self, node, out, blank)
         return "\n".join(out) + "\n"
+
+    def _blank_mask(self, node: Node) -> list[bool] | None:
+        """Which of the node's GPUs read blank (None: none, the common case)."""
+        if self.errors is None or not self.errors.blank[list(node.gpus)].any():
+            return None
+        return self.errors.blank[list(node.gpus)].tolist()
 
     def _event_bits(self, g: int) -> int:
         p = self.physics

@@ -57,6 +57,11 @@ class FaultPlan:
         self.faults = list(fleet.scenario.faults)
         self._gpus = [self._affected_gpus(f) for f in self.faults]
 
+    @property
+    def gpus(self) -> list[np.ndarray]:
+        """Each fault's GPUs (fleet indices), in the scenario's order."""
+        return self._gpus
+
     def _affected_gpus(self, fault: Fault) -> np.ndarray:
         t = fault.target
         fleet = self.fleet

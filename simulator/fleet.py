@@ -130,6 +130,9 @@ class Fleet:
             node = self.nodes[gpu.node]
             if node.rack_name in training:
                 continue
+            per_node = self.scenario.racks[node.rack].services_per_node
+            if per_node is not None and int(gpu.device.gpu) >= per_node:
+                continue  # an idle GPU: a pod may move onto it
             for p in range(gpu.partitions):
                 suffix = f"-p{p}" if gpu.partitions > 1 else ""
                 self.services.append(

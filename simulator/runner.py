@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from hbmwatch.simulator.errors import GpuErrors
 from hbmwatch.simulator.exposition import Exposition, Readings
 from hbmwatch.simulator.faults import FaultPlan
 from hbmwatch.simulator.fleet import Fleet
 from hbmwatch.simulator.physics import Physics
+from hbmwatch.simulator.pods import Placement
 from hbmwatch.simulator.scenario import Scenario
 from hbmwatch.simulator.workloads import Workloads
 
@@ -39,7 +41,11 @@ class Simulation:
         self.physics = Physics(self.fleet, self.seed)
         self.workloads = Workloads(self.fleet, self.seed)
         self.plan = FaultPlan(self.fleet)
-        self.exposition = Exposition(self.fleet, self.physics, self.workloads)
+        self.errors = GpuErrors(self.fleet)
+        self.placement = Placement(self.fleet, self.seed)
+        self.exposition = Exposition(
+            self.fleet, self.physics, self.workloads, self.errors, self.placement
+        )
         self.t = 0.0
         self.steps = 0
         self._cooling = np.array([r.effective_cooling for r in scenario.racks])
@@ -85,9 +91,21 @@ class Simulation:
                 effects.co_tenant_duty,
                 effects.pcie_replay_rate,
                 effects.link_bandwidth,
+                stalled=self.errors.dead if self.errors.faults else None,
             )
             self.effects = effects
         self.t += dt
+        if record:
+            self._errors_and_moves()
+
+    def _errors_and_moves(self) -> None:
+        """GPU error state and pod placement at the new time (both only where asked)."""
+        if self.errors.faults:
+            self.errors.update(self.t)
+        moved = self.placement.advance(self.t)
+        if moved:
+            self.workloads.place(self.placement.service_gpu)
+            self.exposition.relabel(moved)
 
     def step(self) -> None:
         """Advance one scenario step (``scenario.step`` seconds)."""
@@ -169,8 +187,34 @@ class Simulation:
                 }
                 for n in self.fleet.nodes
             ],
-            "faults": self.plan.ground_truth(self.start_unix, services, jobs),
+            "faults": self._with_pods(self.plan.ground_truth(self.start_unix, services, jobs)),
+            **({"moves": self._moves_truth()} if self.scenario.moves else {}),
         }
+
+    def _with_pods(self, faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Where racks run pods: each fault's ``affected_pods``, the pods on its GPUs between
+        its onset and end (other scenarios' ground truth stays as it was)."""
+        if not self.placement.labelled:
+            return faults
+        for f, gpus in zip(faults, self.plan.gpus, strict=True):
+            onset, end = f["onset_unix"] - self.start_unix, f["end_unix"] - self.start_unix
+            f["affected_pods"] = sorted(
+                {p for g in gpus.tolist() for p in self.placement.pods_during(g, onset, end)}
+            )
+        return faults
+
+    def _moves_truth(self) -> list[dict[str, Any]]:
+        """Pod moves: no fault, so no incident is expected on their GPUs."""
+        return [
+            {"id": f"move-{i}", "at_unix": self.start_unix + m.at,
+             "affected_gpus": [self._gpu_truth(m.source.host, m.source.gpu),
+                               self._gpu_truth(m.destination.host, m.destination.gpu)]}
+            for i, m in enumerate(self.placement.moves)
+        ]  # fmt: skip
+
+    def _gpu_truth(self, host: str, gpu: int) -> dict[str, str]:
+        d = self.fleet.gpus[self.fleet.gpu_index(host, gpu)].device
+        return {"cluster": d.cluster, "rack": d.rack, "host": d.host, "gpu": d.gpu}
 
     def write_ground_truth(self, path: Path) -> None:
         path.write_text(json.dumps(self.ground_truth(), indent=2) + "\n")

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from hbmwatch.simulator.pods import PodMove, check_moves
 from hbmwatch.skus import SKUS, Vendor
 from hbmwatch.taxonomy import Cause, FindingKind
 from hbmwatch.validation import ConfigError, parse_duration
@@ -40,6 +41,10 @@ class Rack(_Strict):
     hbm_stack_sensors: bool = True
     #: How often the node's exporter refreshes its page (None: the scenario's).
     exporter_refresh: Duration | None = Field(None, ge=0, le=3600)
+    #: Kubernetes: each service runs in a pod that the exporter names on its GPU's lines.
+    pods: bool = False
+    #: Services on the first N GPUs of each node (None: every GPU); the rest idle.
+    services_per_node: int | None = Field(None, ge=0, le=8)
 
     @model_validator(mode="after")
     def _check(self) -> Rack:
@@ -102,6 +107,13 @@ class FaultKind(StrEnum):
     STUCK_SENSOR = "stuck_sensor"
     SENSOR_DROPOUT = "sensor_dropout"
     TARGET_DOWN = "target_down"
+    XID_FATAL = "xid_fatal"
+    XID_STORM = "xid_storm"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+
+
+#: GPU error faults: their nodes' exporters write the error families (simulator/errors.py).
+ERROR_FAULTS = (FaultKind.XID_FATAL, FaultKind.XID_STORM, FaultKind.ROW_REMAP_FAILURE)
 
 
 #: What each fault needs as a target, its default magnitude (and what that means), the
@@ -177,6 +189,27 @@ FAULT_SPECS: dict[FaultKind, dict[str, Any]] = {
         findings=(FindingKind.DATA_QUALITY,),
         cause=Cause.TARGET_DOWN,
     ),
+    FaultKind.XID_FATAL: dict(
+        level="gpu",
+        magnitude=10.0,
+        unit="s from the error until the GPU's fields read blank",
+        findings=(FindingKind.GPU_ERRORS, FindingKind.P99_REGRESSION),
+        cause=Cause.GPU_ERROR,
+    ),
+    FaultKind.XID_STORM: dict(
+        level="gpu",
+        magnitude=30.0,
+        unit="benign error events per minute",
+        findings=(FindingKind.GPU_ERRORS,),
+        cause=Cause.GPU_ERROR,
+    ),
+    FaultKind.ROW_REMAP_FAILURE: dict(
+        level="gpu",
+        magnitude=4.0,
+        unit="uncorrectable rows remapped (over the ramp) before the remap fails",
+        findings=(FindingKind.GPU_ERRORS,),
+        cause=Cause.GPU_ERROR,
+    ),
 }
 
 
@@ -201,6 +234,8 @@ class Fault(_Strict):
     #: regression scenario lists only the workload's regression, so that the fault counts
     #: as detected, and its cause as right, only through the regression's own ranking.
     expect: tuple[FindingKind, ...] | None = Field(None, min_length=1)
+    #: GPU error faults: the codes reported (XID or AFID; ``errors.DEFAULT_CODES`` if absent).
+    codes: tuple[int, ...] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _check(self) -> Fault:
@@ -229,6 +264,8 @@ class Scenario(_Strict):
     racks: list[Rack] = Field(min_length=1)
     workload: Workload = Workload()
     faults: list[Fault] = []
+    #: Pods rescheduled between GPUs (``simulator/pods.py``); no fault, no incident expected.
+    moves: list[PodMove] = []
     #: How often every node's exporter refreshes its page; between refreshes it serves the
     #: same bytes, as dcgm-exporter (``-c 30000`` by default) and DME's cache do.  0: every
     #: step.  A rack's ``exporter_refresh`` overrides it.
@@ -314,6 +351,10 @@ def _check_targets(scenario: Scenario) -> None:
                     f"{where}.link: {sku.name} has links 0-{sku.fabric_links - 1}",
                     field=f"{where}.link",
                 )
+        if fault.kind in ERROR_FAULTS:
+            from hbmwatch.simulator.errors import check_error_fault  # it imports this module
+
+            check_error_fault(fault, hosts[t.host].vendor, where)  # type: ignore[index]
         if fault.onset >= scenario.duration:
             raise ConfigError(
                 f"faults[{i}].onset: {fault.onset:g} s is after the scenario ends "
@@ -355,6 +396,7 @@ def scenario_from_dict(data: dict[str, Any], origin: str = "scenario") -> Scenar
         raise ConfigError(f"{origin}: {_format_error(exc)}", field="scenario") from None
     try:
         _check_targets(scenario)
+        check_moves(scenario)
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}", **exc.detail) from None
     return scenario

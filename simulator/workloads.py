@@ -11,6 +11,9 @@ land in vLLM's own histogram buckets.
 
 A training job's step takes as long as its slowest GPU's compute plus its collectives over
 the slowest link: one throttled GPU or one degraded link slows the whole job.
+
+A service on a GPU that fell off the bus (``xid_fatal``) stalls: a tenth of its requests
+finish, late.  A pod moved to another GPU (``simulator/pods.py``) takes its load along.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ CO_TENANT_SLOWDOWN = 3.3
 PCIE_SLOWDOWN_PER_REPLAY = 1.0 / 1000.0  # ttft x (1 + replays per second / 1000)
 PHASES = tuple(h.phase for h in VLLM)
 JITTER, JITTER_SECONDS = 0.04, 3.0  # relative spread of a GPU's traffic, and its memory
+#: A service on a GPU that fell off the bus: a tenth of its requests finish (the rest fail),
+#: after waiting out a client timeout for the first token, decoding slowly on retries.
+STALL_COMPLETE, STALL_WAIT_S, STALL_SLOWDOWN = 0.1, 30.0, 5.0
 
 
 class Workloads:
@@ -51,6 +57,7 @@ class Workloads:
         self.sums = {p: np.zeros(n) for p in PHASES}
         self.requests = np.zeros(n, dtype=np.int64)
         self.running = np.zeros(n)
+        self.stall_carry = np.zeros(n)
         self.step_buckets = np.array(STEP_BUCKETS)
         jobs = fleet.jobs
         self.job_counts = np.zeros((len(jobs), len(STEP_BUCKETS) + 1), dtype=np.int64)
@@ -93,9 +100,10 @@ class Workloads:
         co_tenant: np.ndarray,
         pcie_replay_rate: np.ndarray,
         link_bandwidth: np.ndarray,
+        stalled: np.ndarray | None = None,
     ) -> None:
         if len(self.requests):
-            self._serve(dt, unix, physics, co_tenant, pcie_replay_rate)
+            self._serve(dt, unix, physics, co_tenant, pcie_replay_rate, stalled)
         if len(self.job_steps):
             self._train(dt, physics, link_bandwidth)
 
@@ -106,10 +114,15 @@ class Workloads:
         physics: Physics,
         co_tenant: np.ndarray,
         pcie_replay_rate: np.ndarray,
+        stalled: np.ndarray | None = None,
     ) -> None:
         rng = self.rng
         load = self.load(unix)
         arrivals = rng.poisson(self.rps * load * dt, len(self.requests))
+        hung = None
+        if stalled is not None and stalled.any():
+            hung = stalled[self.service_gpu]
+            arrivals = self._stall(arrivals, hung)
         svc = np.repeat(np.arange(len(arrivals)), arrivals)
         if len(svc) == 0:
             self.running[:] = 0
@@ -134,6 +147,10 @@ class Workloads:
         # A co-tenant's copy bursts (duty d) slow the tokens and first tokens they overlap.
         duty = np.clip(co_tenant[gpu], 0, 0.9)
         ttft = np.where(rng.random(len(svc)) < duty, ttft * CO_TENANT_SLOWDOWN, ttft)
+        if hung is not None:  # the few that finish waited on a hung engine
+            slow = hung[svc]
+            ttft = np.where(slow, ttft + STALL_WAIT_S, ttft)
+            itl = np.where(slow, itl * STALL_SLOWDOWN, itl)
         e2e = ttft + output * itl * (1 + duty * (CO_TENANT_SLOWDOWN - 1))
         self._observe("e2e", svc, e2e, None)
         self._observe("ttft", svc, ttft, None)
@@ -142,6 +159,18 @@ class Workloads:
             self._observe("inter_token", svc, itl * CO_TENANT_SLOWDOWN, output * duty)
         self.requests += arrivals
         self.running = arrivals * (e2e.mean() if len(e2e) else 0.0) / max(dt, 1e-9)
+
+    def _stall(self, arrivals: np.ndarray, hung: np.ndarray) -> np.ndarray:
+        """On a dead GPU (``xid_fatal``) only ``STALL_COMPLETE`` of requests finish."""
+        self.stall_carry += np.where(hung, arrivals * STALL_COMPLETE, 0.0)
+        done = np.floor(self.stall_carry)
+        self.stall_carry -= done
+        return np.where(hung, done.astype(arrivals.dtype), arrivals)
+
+    def place(self, service_gpu: list[int]) -> None:
+        """Services moved between GPUs (a pod rescheduled): load follows them."""
+        self.service_gpu = np.array(service_gpu, dtype=np.int64)
+        self.partitions = np.array([self.fleet.gpus[g].partitions for g in service_gpu])
 
     def _observe(
         self, phase: str, svc: np.ndarray, values: np.ndarray, weight: np.ndarray | None
