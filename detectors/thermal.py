@@ -260,8 +260,10 @@ class ThermalExcursions(GpuFindings, RackWarming):
         the ``prior`` slope, so a GPU's first copy or GEMM is not a rise (a drop below is
         not: heat lags the load).  The floor keeps the daily ramp on the learned slope.
 
-        A load over the highest the sensor was ever calm at (``hi_``, plus ``UNSEEN_LOAD``)
-        is one its own baseline cannot speak for (an idle GPU that a pod moved onto): there
+        A load over the highest the sensor was ever calm at (``hi_``, plus ``UNSEEN_LOAD``;
+        a load counts as far as it was also its baseline, since the first seconds of a new
+        load are calm only because heat lags) is one its own baseline cannot speak for (an
+        idle GPU that a pod moved onto): there
         the rise counts only as far as the temperature also stands over what its same-SKU
         peers run at at that load (``at_load``, less its usual gap), when peers have a say.
         """
@@ -279,7 +281,7 @@ class ThermalExcursions(GpuFindings, RackWarming):
         calm = ok & (np.abs(dev) < 4.0)
         s["sxy_"] = np.where(calm, sxy + a * (dev * load - sxy), sxy)
         s["sxx_"] = np.where(calm, sxx + a * (load * load - sxx), sxx)
-        s["hi_"] = np.where(calm, np.fmax(hi, load_abs), hi)
+        s["hi_"] = np.where(calm, np.fmax(hi, load_abs - np.fmax(load, 0.0)), hi)
         return rise
 
     def _excess(
