@@ -142,7 +142,9 @@ class FrameInputs:
             limit_part = (xt - (lay.limits - margin)) / margin + 1.0
         gaps = peer_gaps(x, lay.groups).transpose(2, 0, 1).reshape(steps, -1)[:, live]
         by_load = sensor_drivers(frame, lay.board)
+        # A stack is measured by its GPU's memory against peers at load, where it reads.
         load_gaps = peer_load_gaps(x, by_load, lay.groups)[:, SENSOR_DRIVER]
+        load_gaps = np.where(np.isnan(x), np.nan, load_gaps)
         drivers = np.ascontiguousarray(by_load.transpose(2, 0, 1)).reshape(steps, -1)
         load_at = gpu_of * 2 + SENSOR_DRIVER[sensor]
         return cls(live, gpu_of, load_at,

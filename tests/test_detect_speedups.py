@@ -203,7 +203,9 @@ class ReferenceThermal(ThermalExcursions):
         drivers = _ref_drivers(frame)
         # The gap to peers at the same load is a whole frame's arithmetic, as the gaps'
         # medians are: the reference steps what is learned from it.
-        load_gaps = peer_load_gaps(x, drivers, groups)[:, SENSOR_DRIVER]
+        load_gaps = np.where(
+            np.isnan(x), np.nan, peer_load_gaps(x, drivers, groups)[:, SENSOR_DRIVER]
+        )
         lrows = self.lag_.rows([f"{g}#{d}" for g in frame.gpus.keys for d in ("bw", "pw")])
         kept = 1.0 - decay(frame.step_ms / 1000.0, self.lag_half_life_s)
         rise = np.full((n, N_SENSORS, frame.steps), np.nan)
