@@ -266,6 +266,7 @@ class ThermalExcursions(GpuFindings, RackWarming):
         idle GPU that a pod moved onto): there
         the rise counts only as far as the temperature also stands over what its same-SKU
         peers run at at that load (``at_load``, less its usual gap), when peers have a say.
+        A sensor never calm yet (or loaded from state saved before ``hi_``) keeps the prior.
         """
         ok = ~np.isnan(dev) & ~np.isnan(load)
         a = decay(1.0, self.level_half_life_s)
@@ -275,7 +276,9 @@ class ThermalExcursions(GpuFindings, RackWarming):
         load0 = np.nan_to_num(load)
         unseen = load0 > np.fmax(3.0 * np.sqrt(sxx), UNSEEN_LOAD)
         rise = dev - np.where(unseen, np.fmax(beta, prior), beta) * load0
-        beyond = ~(load_abs <= hi + UNSEEN_LOAD) & ~np.isnan(at_load) & ~np.isnan(rise)
+        # State saved before ``hi_``: the top of the range its slope was learned on.
+        hi = np.where(np.isnan(hi) & (sxx > 1e-6), load_abs - load + 3.0 * np.sqrt(sxx), hi)
+        beyond = (load_abs > hi + UNSEEN_LOAD) & ~np.isnan(at_load) & ~np.isnan(rise)
         rise = np.where(beyond, np.fmin(rise, at_load), rise)
         # Learn the load slope from small moves only: a fault's big rise must not teach it.
         calm = ok & (np.abs(dev) < 4.0)
@@ -293,7 +296,8 @@ class ThermalExcursions(GpuFindings, RackWarming):
         by_peers: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The gap to peers / sibling stacks less the usual gap, which it learns when quiet;
-        and the gap to peers at the same load less its usual (returned for ``_rise``).
+        and the gap to peers at the same load less its usual (for ``_rise``; NaN until
+        the usual is learned: it then has no say).
 
         Until the usual gap is learned, the gap less ``allow`` (the threshold again): twice
         the threshold counts from the first sample, and is not learned as usual.  Memory
@@ -305,8 +309,8 @@ class ThermalExcursions(GpuFindings, RackWarming):
         seen = s["gap_seen_"]
         warm = seen >= self.warmup_s
         excess = np.where(warm, gap - usual, gap - allow)
-        at_load = np.where(warm & ~np.isnan(usual_at_load), load_gap - usual_at_load,
-                           load_gap - allow)  # fmt: skip
+        # Warm without a usual gap at load (state saved before ``lgap_``): no say yet.
+        at_load = np.where(warm, load_gap - usual_at_load, load_gap - allow)
         vetoed = by_peers & ~np.isnan(excess) & ~np.isnan(at_load)
         excess = np.where(vetoed, np.fmin(excess, at_load), excess)
         a = np.where(seen < self.warmup_s, 1.0 / (seen + 1.0), decay(1.0, self.offset_half_life_s))
@@ -314,7 +318,7 @@ class ThermalExcursions(GpuFindings, RackWarming):
         s["gap_"] = _learn_usual(usual, gap, quiet, a)
         s["lgap_"] = _learn_usual(usual_at_load, load_gap, quiet, a)
         s["gap_seen_"] = seen + (quiet & ~np.isnan(gap))
-        return excess, at_load
+        return excess, np.where(warm, at_load, np.nan)
 
     def _score(
         self, rise: np.ndarray, excess: np.ndarray, limit_part: np.ndarray, peer_enter: np.ndarray

@@ -285,7 +285,8 @@ class ReferenceThermal(ThermalExcursions):
         prior = np.tile(PRIOR_SLOPE, n)
         rise = dev - np.where(unseen, np.fmax(beta, prior), beta) * load0
         hi = s["hi_"][srows]
-        beyond = ~(load_abs <= hi + 0.2) & ~np.isnan(at_load) & ~np.isnan(rise)
+        hi = np.where(np.isnan(hi) & (sxx > 1e-6), load_abs - load + 3.0 * np.sqrt(sxx), hi)
+        beyond = (load_abs > hi + 0.2) & ~np.isnan(at_load) & ~np.isnan(rise)
         rise = np.where(beyond, np.fmin(rise, at_load), rise)
         calm = ok & (np.abs(dev) < 4.0)
         s["sxy_"][srows] = np.where(calm, sxy + a * (dev * load - sxy), sxy)
@@ -305,9 +306,7 @@ class ReferenceThermal(ThermalExcursions):
         allow = np.tile(self._peer_enter(), len(gap) // N_SENSORS)
         warm = seen >= self.warmup_s
         excess = np.where(warm, gap - usual, gap - allow)
-        at_load = np.where(
-            warm & ~np.isnan(usual_at_load), load_gap - usual_at_load, load_gap - allow
-        )
+        at_load = np.where(warm, load_gap - usual_at_load, load_gap - allow)
         vetoed = by_peers & ~np.isnan(excess) & ~np.isnan(at_load)
         excess = np.where(vetoed, np.fmin(excess, at_load), excess)
         ok = ~np.isnan(gap)
@@ -317,7 +316,7 @@ class ReferenceThermal(ThermalExcursions):
             step = np.where(np.isnan(old), new, old + a * (new - np.nan_to_num(old)))
             s[name][srows] = np.where(quiet & ~np.isnan(new), step, old)
         s["gap_seen_"][srows] = seen + (quiet & ok)
-        return excess, at_load
+        return excess, np.where(warm, at_load, np.nan)
 
     def _ref_score(
         self,
