@@ -25,6 +25,12 @@ is no excursion more than ``young_margin_c`` under the slowdown limit, because a
 still soaking up heat, or a load the baseline never saw, looks like a rise (on a real H200
 a hotspot 46 C under its limit was reported 5 s after the warm-up ended).
 
+A load over any the GPU was calm at (a pod moved onto an idle GPU) is one its own load
+model cannot speak for: there a rise counts only as far as the sensor also stands over what
+its same-SKU rack peers run at at that load (``peer_load_gaps``, less its usual gap to
+them), and the gap to the peers' median counts only as far as that gap at load does too;
+while a GPU sheds the heat of a load it just lost, neither counts (heat lags the load).
+
 Rates of rise are reported with each finding.  Hysteresis (enter at 1, leave under 0.5 of
 the thresholds) and minimum durations keep one noisy sample from opening or closing one.
 
