@@ -278,10 +278,9 @@ class _ListSink:
         self.samples.extend(samples)
 
 
-async def _scrape(
-    sim: Simulation, steps: int
-) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """The last value of every series the collector wrote from the fleet's exporter pages."""
+async def _collect(sim: Simulation, steps: int, last_round: bool = False) -> list[Any]:
+    """The samples the real collector writes from the fleet's exporter pages over ``steps``
+    lockstep rounds (only the last round's with ``last_round``)."""
     from hbmwatch.collector.engine import ScrapeEngine
     from hbmwatch.collector.targets import Target, TargetSet
     from hbmwatch.settings import CollectorSettings
@@ -298,12 +297,21 @@ async def _scrape(
     try:
         for _ in range(steps):
             sim.step()
+            if last_round:
+                sink.samples.clear()
             await engine.scrape_round(round(sim.now_unix * 1000))
     finally:
         await engine.close()
+    return sink.samples
+
+
+async def _scrape(
+    sim: Simulation, steps: int
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The last value of every series the collector wrote, by metric and a few labels."""
     keep = ("host", "gpu", "scheme", "code", "check", "severity", "reason")
     return {(s.series.metric, tuple((k, v) for k, v in sorted(s.series.labels) if k in keep)):
-            s.value for s in sink.samples}  # fmt: skip
+            s.value for s in await _collect(sim, steps)}  # fmt: skip
 
 
 def test_the_collector_reads_the_simulated_errors_as_canonical_series() -> None:
@@ -335,3 +343,35 @@ def test_the_collector_reads_the_simulated_errors_as_canonical_series() -> None:
     assert got[health] == 2  # fail
     sentinels = ("hbmwatch_scrape_dropped_total", (("host", "r0-node0"), ("reason", "sentinel")))
     assert got[sentinels] > 0  # the GPU off the bus
+
+
+def test_the_collector_reads_the_simulated_pods_and_follows_a_move() -> None:
+    import asyncio
+
+    move = {"at": "20s", "from": {"host": "r0-node0", "gpu": 1},
+            "to": {"host": "r0-node0", "gpu": 7}}  # fmt: skip
+    sim = sim_of(scenario([], moves=[move], per_node=6))
+    before = asyncio.run(_scrape_pods(sim, 10))
+    after = asyncio.run(_scrape_pods(sim, 20))
+    assert before[("r0-node0", "1")][0].startswith("r0-node0-gpu1-")
+    assert ("r0-node0", "7") not in before and ("r0-node0", "6") not in before
+    assert ("r0-node0", "1") not in after
+    pod, namespace, container = after[("r0-node0", "7")]
+    assert pod.startswith("r0-node0-gpu1-") and pod != before[("r0-node0", "1")][0]
+    assert (namespace, container) == ("inference", "vllm")
+    assert before[("r1-node0", "0")][1:] == ("inference", "vllm")  # DME's labels too
+
+
+async def _scrape_pods(sim: Simulation, steps: int) -> dict[tuple[str, str], tuple[str, ...]]:
+    """(host, gpu) -> (pod, namespace, container) of the last round's gpu_workload_info."""
+    samples = await _collect(sim, steps, last_round=True)
+    out = {}
+    for s in samples:
+        labels = dict(s.series.labels)
+        if s.series.metric == "gpu_workload_info":
+            key = (labels["host"], labels["gpu"])
+            out[key] = (labels.get("pod", ""), labels.get("namespace", ""),
+                        labels.get("container", ""))  # fmt: skip
+        else:
+            assert "pod" not in labels, (s.series.metric, labels)  # device series: identity only
+    return out
