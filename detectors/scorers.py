@@ -334,6 +334,12 @@ def group_median_columns(values: np.ndarray, groups: np.ndarray) -> tuple[np.nda
     return nanmedian(padded, axis=1)[inverse], count
 
 
+def group_padded(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as (groups, largest group, ...) padded with NaN, and each entity's group:
+    for per-group arithmetic (medians, fits) of every group at once."""
+    return _by_group(values, groups)
+
+
 def _by_group(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``values`` as (groups, largest group, ...) padded with NaN, and each entity's group."""
     labels, inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)

@@ -25,6 +25,12 @@ is no excursion more than ``young_margin_c`` under the slowdown limit, because a
 still soaking up heat, or a load the baseline never saw, looks like a rise (on a real H200
 a hotspot 46 C under its limit was reported 5 s after the warm-up ended).
 
+A load over any the GPU was calm at (a pod moved onto an idle GPU) is one its own load
+model cannot speak for: there a rise counts only as far as the sensor also stands over what
+its same-SKU rack peers run at at that load (``peer_load_gaps``, less its usual gap to
+them), and the gap to the peers' median counts only as far as that gap at load does too;
+while a GPU sheds the heat of a load it just lost, neither counts (heat lags the load).
+
 Rates of rise are reported with each finding.  Hysteresis (enter at 1, leave under 0.5 of
 the thresholds) and minimum durations keep one noisy sample from opening or closing one.
 
@@ -108,6 +114,7 @@ class ThermalExcursions(GpuFindings, RackWarming):
         level_half_life_s: float = 1200.0,
         offset_half_life_s: float = 6 * 3600.0,
         rack_half_life_s: float = 8.0,
+        lag_half_life_s: float = 30.0,
     ) -> None:
         self.rise_enter_c = rise_enter_c
         self.stack_enter_c = stack_enter_c
@@ -124,6 +131,7 @@ class ThermalExcursions(GpuFindings, RackWarming):
         self.level_half_life_s = level_half_life_s
         self.offset_half_life_s = offset_half_life_s
         self.rack_half_life_s = rack_half_life_s
+        self.lag_half_life_s = lag_half_life_s
         self._init_state()
 
     def _init_state(self) -> None:
@@ -138,8 +146,15 @@ class ThermalExcursions(GpuFindings, RackWarming):
             level_half_life_s=5.0, trend_half_life_s=20.0, min_scale=0.5, warmup_s=0.0
         )
         # Per sensor: load regression moments and the usual gap to peers / sibling stacks.
-        self.sensors_ = EntityTable({"sxy_": 0.0, "sxx_": 0.0, "gap_": np.nan, "gap_seen_": 0.0})
+        # ``lgap_``: the usual gap to peers at the same load; ``hi_``: the highest load the
+        # sensor was calm at (the top of the range its own load slope knows).
+        self.sensors_ = EntityTable({
+            "sxy_": 0.0, "sxx_": 0.0, "gap_": np.nan, "gap_seen_": 0.0,
+            "lgap_": np.nan, "hi_": np.nan,
+        })  # fmt: skip
         self.racks_ = EntityTable({"rise_": 0.0, "frac_": 0.0, "last_ms_": np.nan})
+        # Per driver: its recent peak, decaying at ``lag_half_life_s`` (heat lags the load).
+        self.lag_ = EntityTable({"load_": np.nan})
         self.gpu_open_ = Hysteresis(
             enter=1.0, exit=0.5, min_on_s=self.min_on_s, min_off_s=self.min_off_s
         )
@@ -169,6 +184,8 @@ class ThermalExcursions(GpuFindings, RackWarming):
         live_rise, live_excess = rise.reshape(frame.steps, -1), excess.reshape(frame.steps, -1)
         sensor_of = inputs.live % N_SENSORS
         prior, allow = PRIOR_SLOPE[sensor_of], peer_enter[sensor_of]
+        by_peers = sensor_of < 2  # memory and hotspot; stacks are judged by their siblings
+        lag_decay = 1.0 - decay(frame.step_ms / 1000.0, self.lag_half_life_s)  # kept
         far_under = lay.limits.reshape(-1)[inputs.live] - self.young_margin_c
         young = np.zeros(n * N_SENSORS, dtype=bool)
         any_young = bool((local.temps["seen_s_"] < self.young_s).any())  # a settled fleet: no
@@ -176,8 +193,17 @@ class ThermalExcursions(GpuFindings, RackWarming):
         for i, t_ms in enumerate(frame.times_ms.tolist()):
             bw_dev[i], d_dev = self._learnsensor_drivers(local.drivers, inputs.drivers[i], t_ms)
             dev = self.temps_.deviation_local(local.temps, inputs.x[i], t_ms)
-            live_rise[i, inputs.live] = self._rise(local.sensors, dev, d_dev[inputs.load_at], prior)
-            live_excess[i, inputs.live] = self._excess(local.sensors, inputs.gaps[i], allow)
+            local.lag = np.fmax(inputs.drivers[i], local.lag * lag_decay)
+            settling = local.lag[inputs.load_at] - inputs.load_abs[i] > UNSEEN_LOAD
+            excess_i, at_load = self._excess(
+                local.sensors, inputs.gaps[i], inputs.load_gaps[i], allow, by_peers
+            )
+            rise_i = self._rise(
+                local.sensors, dev, d_dev[inputs.load_at], prior, inputs.load_abs[i], at_load
+            )
+            live_rise[i, inputs.live], live_excess[i, inputs.live] = _settling(
+                rise_i, excess_i, settling, by_peers
+            )
             if any_young:
                 young[inputs.live] = (local.temps["seen_s_"] < self.young_s) & (
                     inputs.x[i] < far_under
@@ -225,7 +251,13 @@ class ThermalExcursions(GpuFindings, RackWarming):
         return d_dev[0::2], d_dev
 
     def _rise(
-        self, s: dict[str, np.ndarray], dev: np.ndarray, load: np.ndarray, prior: np.ndarray
+        self,
+        s: dict[str, np.ndarray],
+        dev: np.ndarray,
+        load: np.ndarray,
+        prior: np.ndarray,
+        load_abs: np.ndarray,
+        at_load: np.ndarray,
     ) -> np.ndarray:
         """Rise over the own baseline less what the load explains; learns the load slope.
 
@@ -233,38 +265,66 @@ class ThermalExcursions(GpuFindings, RackWarming):
         the calm moves, at least ``UNSEEN_LOAD``); a load above that is explained at least at
         the ``prior`` slope, so a GPU's first copy or GEMM is not a rise (a drop below is
         not: heat lags the load).  The floor keeps the daily ramp on the learned slope.
+
+        A load over the highest the sensor was ever calm at (``hi_``, plus ``UNSEEN_LOAD``;
+        a load counts as far as it was also its baseline, since the first seconds of a new
+        load are calm only because heat lags) is one its own baseline cannot speak for (an
+        idle GPU that a pod moved onto): there
+        the rise counts only as far as the temperature also stands over what its same-SKU
+        peers run at at that load (``at_load``, less its usual gap), when peers have a say.
+        A sensor never calm yet (or loaded from state saved before ``hi_``) keeps the prior.
         """
         ok = ~np.isnan(dev) & ~np.isnan(load)
         a = decay(1.0, self.level_half_life_s)
-        sxy, sxx = s["sxy_"], s["sxx_"]
+        sxy, sxx, hi = s["sxy_"], s["sxx_"], s["hi_"]
         beta = np.clip(sxy / np.fmax(sxx, 1e-9), 0.0, 60.0)
         beta = np.where(sxx > 1e-6, beta, 0.0)
         load0 = np.nan_to_num(load)
         unseen = load0 > np.fmax(3.0 * np.sqrt(sxx), UNSEEN_LOAD)
         rise = dev - np.where(unseen, np.fmax(beta, prior), beta) * load0
+        # State saved before ``hi_``: the top of the range its slope was learned on.
+        hi = np.where(np.isnan(hi) & (sxx > 1e-6), load_abs - load + 3.0 * np.sqrt(sxx), hi)
+        beyond = (load_abs > hi + UNSEEN_LOAD) & ~np.isnan(at_load) & ~np.isnan(rise)
+        rise = np.where(beyond, np.fmin(rise, at_load), rise)
         # Learn the load slope from small moves only: a fault's big rise must not teach it.
         calm = ok & (np.abs(dev) < 4.0)
         s["sxy_"] = np.where(calm, sxy + a * (dev * load - sxy), sxy)
         s["sxx_"] = np.where(calm, sxx + a * (load * load - sxx), sxx)
+        s["hi_"] = np.where(calm, np.fmax(hi, load_abs - np.fmax(load, 0.0)), hi)
         return rise
 
-    def _excess(self, s: dict[str, np.ndarray], gap: np.ndarray, allow: np.ndarray) -> np.ndarray:
-        """The gap to peers / sibling stacks less the usual gap, which it learns when quiet.
+    def _excess(
+        self,
+        s: dict[str, np.ndarray],
+        gap: np.ndarray,
+        load_gap: np.ndarray,
+        allow: np.ndarray,
+        by_peers: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The gap to peers / sibling stacks less the usual gap, which it learns when quiet;
+        and the gap to peers at the same load less its usual (for ``_rise``; NaN until
+        the usual is learned: it then has no say).
 
         Until the usual gap is learned, the gap less ``allow`` (the threshold again): twice
-        the threshold counts from the first sample, and is not learned as usual.
+        the threshold counts from the first sample, and is not learned as usual.  Memory
+        and hotspot stand out from their peers only as far as they also do from the peers
+        at their load: a GPU that took on a pod is hotter than the idle peers' median it
+        was learned against, not hotter than the busy ones.
         """
-        usual = s["gap_"]
+        usual, usual_at_load = s["gap_"], s["lgap_"]
         seen = s["gap_seen_"]
-        excess = np.where(seen >= self.warmup_s, gap - usual, gap - allow)
-        ok = ~np.isnan(gap)
+        warm = seen >= self.warmup_s
+        excess = np.where(warm, gap - usual, gap - allow)
+        # Warm without a usual gap at load (state saved before ``lgap_``): no say yet.
+        at_load = np.where(warm, load_gap - usual_at_load, load_gap - allow)
+        vetoed = by_peers & ~np.isnan(excess) & ~np.isnan(at_load)
+        excess = np.where(vetoed, np.fmin(excess, at_load), excess)
         a = np.where(seen < self.warmup_s, 1.0 / (seen + 1.0), decay(1.0, self.offset_half_life_s))
-        quiet = ok & ~(np.nan_to_num(excess) > self.stack_enter_c / 2)
-        s["gap_"] = np.where(
-            quiet, np.where(np.isnan(usual), gap, usual + a * (gap - np.nan_to_num(usual))), usual
-        )
-        s["gap_seen_"] = seen + quiet
-        return excess
+        quiet = ~(np.nan_to_num(excess) > self.stack_enter_c / 2)
+        s["gap_"] = _learn_usual(usual, gap, quiet, a)
+        s["lgap_"] = _learn_usual(usual_at_load, load_gap, quiet, a)
+        s["gap_seen_"] = seen + (quiet & ~np.isnan(gap))
+        return excess, np.where(warm, at_load, np.nan)
 
     def _score(
         self, rise: np.ndarray, excess: np.ndarray, limit_part: np.ndarray, peer_enter: np.ndarray
@@ -309,6 +369,7 @@ class ThermalExcursions(GpuFindings, RackWarming):
             "rate": self.rate_.state_dict(),
             "sensors": self.sensors_.state_dict(),
             "racks": self.racks_.state_dict(),
+            "lag": self.lag_.state_dict(),
             "gpu_open": self.gpu_open_.state_dict(),
             "rack_open": self.rack_open_.state_dict(),
         }
@@ -320,5 +381,26 @@ class ThermalExcursions(GpuFindings, RackWarming):
         self.rate_.load_state_dict(state.get("rate", {}))
         self.sensors_.load_state_dict(state.get("sensors", {}))
         self.racks_.load_state_dict(state.get("racks", {}))
+        self.lag_.load_state_dict(state.get("lag", {}))
         self.gpu_open_.load_state_dict(state.get("gpu_open", {}))
         self.rack_open_.load_state_dict(state.get("rack_open", {}))
+
+
+def _settling(
+    rise: np.ndarray, excess: np.ndarray, settling: np.ndarray, by_peers: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rise and excess of sensors whose load fell by over ``UNSEEN_LOAD`` lately held at 0:
+    heat lags the load, so a GPU still shedding the heat of a pod that left sits over its
+    idle baseline and over its idle peers while its load is back at theirs.  The SKU's
+    limit still applies."""
+    rise = np.where(settling & ~np.isnan(rise), np.fmin(rise, 0.0), rise)
+    excess = np.where(settling & by_peers & ~np.isnan(excess), np.fmin(excess, 0.0), excess)
+    return rise, excess
+
+
+def _learn_usual(
+    usual: np.ndarray, gap: np.ndarray, quiet: np.ndarray, a: np.ndarray
+) -> np.ndarray:
+    """The usual gap moved toward a quiet step's gap (set by the first); NaN gaps teach nothing."""
+    step = np.where(np.isnan(usual), gap, usual + a * (gap - np.nan_to_num(usual)))
+    return np.where(quiet & ~np.isnan(gap), step, usual)

@@ -15,7 +15,7 @@ import numpy as np
 
 from hbmwatch.detectors.base import nanmedian
 from hbmwatch.detectors.frame import Frame
-from hbmwatch.detectors.scorers import group_median_columns
+from hbmwatch.detectors.scorers import group_median_columns, group_padded
 from hbmwatch.detectors.signals import MAX_STACKS
 from hbmwatch.skus import Sku, lookup
 
@@ -31,6 +31,9 @@ DEFAULT_LIMITS = (95.0, 89.0)  # memory, hotspot: the strictest SKU's when one i
 MEMORY_C_PER_BANDWIDTH = 20.0
 HOTSPOT_C_PER_POWER = 30.0
 UNSEEN_LOAD = 0.2  # a load this far over its baseline (bandwidth or power share) is "new"
+#: The peers' load line leans on the prior slope until their loads spread this far (an
+#: RMS, bandwidth or power share): a rack all at one load says nothing of the slope.
+PEER_LOAD_SPREAD = 0.05
 
 #: Which driver loads each sensor: bandwidth (0) for memory and stacks, power (1) for hotspot.
 SENSOR_DRIVER = np.array([0, 1] + [0] * MAX_STACKS)
@@ -54,6 +57,7 @@ class FleetLayout:
     rows: np.ndarray  # temps_ rows, one per GPU and sensor
     srows: np.ndarray  # sensors_ rows, the same keys
     drows: np.ndarray  # drivers_ rows, bandwidth and power per GPU
+    lrows: np.ndarray  # lag_ rows, the same keys
     frows: np.ndarray  # rate_ rows, one per GPU
     groups: np.ndarray  # peer group (cluster, rack, SKU) per GPU
     limits: np.ndarray  # (G, S): slowdown limit per sensor
@@ -67,6 +71,7 @@ class FleetLayout:
     def of(cls, det: ThermalExcursions, frame: Frame) -> FleetLayout:
         keys, labels = list(frame.gpus.keys), [dict(lab) for lab in frame.gpus.labels]
         sensor_keys = [f"{g}#{s}" for g in keys for s in SENSORS]
+        driver_keys = [f"{g}#{d}" for g in keys for d in ("bw", "pw")]
         racks: dict[str, list[int]] = {}
         for row, lab in enumerate(labels):
             racks.setdefault(f"{lab.get('cluster', '')}/{lab.get('rack', '')}", []).append(row)
@@ -79,7 +84,7 @@ class FleetLayout:
         return cls(
             keys=keys, labels=labels,
             rows=det.temps_.rows(sensor_keys), srows=det.sensors_.rows(sensor_keys),
-            drows=det.drivers_.rows([f"{g}#{d}" for g in keys for d in ("bw", "pw")]),
+            drows=det.drivers_.rows(driver_keys), lrows=det.lag_.rows(driver_keys),
             frows=det.rate_.rows(keys), groups=peer_groups(labels),
             limits=sensor_limits([found[lab.get("sku", "")] for lab in labels]),
             board=np.array([board_power(found[lab.get("sku", "")]) for lab in labels]),
@@ -122,6 +127,8 @@ class FrameInputs:
     load_at: np.ndarray  # (L,) its driver in the (G * 2) driver deviations
     x: np.ndarray  # (T, L) temperatures
     gaps: np.ndarray  # (T, L) gap to peers (memory, hotspot) or sibling stacks
+    load_gaps: np.ndarray  # (T, L) gap to what same-SKU peers run at at its load
+    load_abs: np.ndarray  # (T, L) its driver's load (bandwidth or relative power)
     limit_part: np.ndarray  # (T, G, S) closeness to the slowdown limit, 1 = within margin
     drivers: np.ndarray  # (T, G * 2) bandwidth and relative power
 
@@ -134,10 +141,18 @@ class FrameInputs:
         with np.errstate(invalid="ignore"):
             limit_part = (xt - (lay.limits - margin)) / margin + 1.0
         gaps = peer_gaps(x, lay.groups).transpose(2, 0, 1).reshape(steps, -1)[:, live]
-        drivers = np.ascontiguousarray(sensor_drivers(frame, lay.board).transpose(2, 0, 1))
-        return cls(live, gpu_of, gpu_of * 2 + SENSOR_DRIVER[sensor],
-                   xt.reshape(steps, -1)[:, live], np.ascontiguousarray(gaps), limit_part,
-                   drivers.reshape(steps, -1))  # fmt: skip
+        by_load = sensor_drivers(frame, lay.board)
+        # A stack is measured by its GPU's memory against peers at load, where it reads.
+        load_gaps = peer_load_gaps(x, by_load, lay.groups)[:, SENSOR_DRIVER]
+        load_gaps = np.where(np.isnan(x), np.nan, load_gaps)
+        drivers = np.ascontiguousarray(by_load.transpose(2, 0, 1)).reshape(steps, -1)
+        load_at = gpu_of * 2 + SENSOR_DRIVER[sensor]
+        return cls(live, gpu_of, load_at,
+                   xt.reshape(steps, -1)[:, live], np.ascontiguousarray(gaps),
+                   np.ascontiguousarray(
+                       load_gaps.transpose(2, 0, 1).reshape(steps, -1)[:, live]),
+                   np.ascontiguousarray(drivers[:, load_at]), limit_part,
+                   drivers)  # fmt: skip
 
 
 class LocalRows:
@@ -154,6 +169,7 @@ class LocalRows:
         self.drivers = det.drivers_.local(lay.drows)
         self.rate = det.rate_.local(lay.frows)
         self.sensors = {name: det.sensors_[name][self.srows] for name in det.sensors_.fields}
+        self.lag = det.lag_["load_"][lay.lrows]
 
     def store(self) -> None:
         det, lay = self.det, self.lay
@@ -162,6 +178,7 @@ class LocalRows:
         det.rate_.store(lay.frows, self.rate)
         for name, values in self.sensors.items():
             det.sensors_[name][self.srows] = values
+        det.lag_["load_"][lay.lrows] = self.lag
 
 
 class Trace(NamedTuple):
@@ -204,6 +221,54 @@ def peer_gaps(x: np.ndarray, groups: np.ndarray) -> np.ndarray:
     have = (~np.isnan(stacks)).sum(axis=1) >= 3
     out[:, 2:] = np.where(have[:, None], stacks - sib[:, None], np.nan)
     return out
+
+
+def peer_load_gaps(x: np.ndarray, drivers: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """(G, 2, T): memory and hotspot over what their peers run at at the GPU's own load.
+
+    Per peer group and step a line through the peers' (load, temperature), fitted twice
+    (the second time without peers over 3 MADs off it, so a hot GPU does not pull the line
+    it is judged by) with the slope shrunk to the prior where loads hardly spread; NaN with
+    fewer than three peers.  An idle GPU that gets a pod is measured against the busy GPUs
+    beside it, not against the idle temperature its own baseline knows.
+    """
+    out = np.full((x.shape[0], 2, x.shape[2]), np.nan)
+    for col in (0, 1):
+        y, _ = group_padded(x[:, col], groups)
+        load, inverse = group_padded(drivers[:, col], groups)
+        keep = ~np.isnan(y) & ~np.isnan(load)
+        count = keep.sum(axis=1)
+        resid = _line_residual(y, load, keep, PRIOR_SLOPE[col])
+        with np.errstate(all="ignore"):
+            mad = 1.4826 * nanmedian(np.where(keep, np.abs(resid), np.nan), axis=1)
+        keep &= np.abs(np.nan_to_num(resid)) <= np.fmax(3.0 * mad, 2.0)[:, None]
+        resid = _line_residual(y, load, keep, PRIOR_SLOPE[col])
+        out[:, col] = np.where(count[:, None] >= 3, resid, np.nan)[inverse, _position(inverse)]
+    return out
+
+
+def _line_residual(y: np.ndarray, load: np.ndarray, keep: np.ndarray, prior: float) -> np.ndarray:
+    """``y`` less the line through the kept (groups, members, T) points, slope shrunk to
+    ``prior`` by ``PEER_LOAD_SPREAD``."""
+    n = np.fmax(keep.sum(axis=1), 1)
+    my = np.where(keep, y, 0.0).sum(axis=1) / n
+    ml = np.where(keep, load, 0.0).sum(axis=1) / n
+    dl = np.where(keep, load - ml[:, None], 0.0)
+    sxy = (dl * np.where(keep, y - my[:, None], 0.0)).sum(axis=1)
+    shrink = n * PEER_LOAD_SPREAD**2
+    slope = (dl * dl).sum(axis=1) + shrink
+    slope = (sxy + shrink * prior) / slope
+    return y - (my[:, None] + slope[:, None] * (load - ml[:, None]))  # type: ignore[no-any-return]
+
+
+def _position(inverse: np.ndarray) -> np.ndarray:
+    """Each entity's place within its group in ``group_padded``'s layout."""
+    order = np.argsort(inverse, kind="stable")
+    sizes = np.bincount(inverse)
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    pos = np.empty(len(inverse), dtype=np.int64)
+    pos[order] = np.arange(len(order)) - np.repeat(starts, sizes)
+    return pos
 
 
 def sensor_drivers(frame: Frame, board: np.ndarray) -> np.ndarray:

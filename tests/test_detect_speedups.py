@@ -21,7 +21,15 @@ from hbmwatch.detectors.frame import Entities, Frame
 from hbmwatch.detectors.scorers import TrendBaseline, decay, group_median, group_median_columns
 from hbmwatch.detectors.signals import MAX_STACKS
 from hbmwatch.detectors.thermal import ThermalExcursions
-from hbmwatch.detectors.thermal_layout import DEFAULT_LIMITS, N_SENSORS, PRIOR_SLOPE, SENSORS, Trace
+from hbmwatch.detectors.thermal_layout import (
+    DEFAULT_LIMITS,
+    N_SENSORS,
+    PRIOR_SLOPE,
+    SENSOR_DRIVER,
+    SENSORS,
+    Trace,
+    peer_load_gaps,
+)
 from hbmwatch.records import Finding
 from hbmwatch.skus import lookup
 from hbmwatch.store.feed import RecentSamples, SampleBlock
@@ -193,6 +201,13 @@ class ReferenceThermal(ThermalExcursions):
         drows = self.drivers_.rows([f"{g}#{d}" for g in frame.gpus.keys for d in ("bw", "pw")])
         frows = self.rate_.rows(frame.gpus.keys)
         drivers = _ref_drivers(frame)
+        # The gap to peers at the same load is a whole frame's arithmetic, as the gaps'
+        # medians are: the reference steps what is learned from it.
+        load_gaps = np.where(
+            np.isnan(x), np.nan, peer_load_gaps(x, drivers, groups)[:, SENSOR_DRIVER]
+        )
+        lrows = self.lag_.rows([f"{g}#{d}" for g in frame.gpus.keys for d in ("bw", "pw")])
+        kept = 1.0 - decay(frame.step_ms / 1000.0, self.lag_half_life_s)
         rise = np.full((n, N_SENSORS, frame.steps), np.nan)
         excess = np.full((n, N_SENSORS, frame.steps), np.nan)
         is_open = self.gpu_open_.is_open(frame.gpus.keys)
@@ -208,7 +223,14 @@ class ReferenceThermal(ThermalExcursions):
             load[:, 1] = d_dev[:, 1]
             xi = x[:, :, i].ravel()
             dev = self.temps_.deviation(rows, xi, t_ms)
-            rise_i, excess_i = self._ref_adjust(srows, dev, load.ravel(), xi, groups, n)
+            lag = np.fmax(d_now, self.lag_["load_"][lrows] * kept)
+            self.lag_["load_"][lrows] = lag
+            load_abs = drivers[:, :, i][:, SENSOR_DRIVER].ravel()
+            settling = lag.reshape(n, 2)[:, SENSOR_DRIVER].ravel() - load_abs > 0.2
+            rise_i, excess_i = self._ref_adjust(
+                srows, dev, load.ravel(), xi, groups, n,
+                (load_gaps[:, :, i].ravel(), load_abs, settling),
+            )  # fmt: skip
             rise[:, :, i], excess[:, :, i] = rise_i, excess_i
             seen = self.temps_.table["seen_s_"][rows]
             young = (seen < self.young_s) & (xi < limits.ravel() - self.young_margin_c)
@@ -246,8 +268,13 @@ class ReferenceThermal(ThermalExcursions):
         x: np.ndarray,
         groups: np.ndarray,
         n: int,
+        at: tuple[np.ndarray, np.ndarray, np.ndarray],
     ) -> tuple[np.ndarray, np.ndarray]:
         s = self.sensors_
+        load_gap, load_abs, settling = at
+        by_peers = np.tile(np.arange(N_SENSORS) < 2, n)
+        gap = _ref_gaps(x.reshape(n, N_SENSORS), groups)
+        excess, at_load = self._ref_excess(srows, gap.ravel(), load_gap, by_peers)
         ok = ~np.isnan(dev) & ~np.isnan(load)
         a = decay(1.0, self.level_half_life_s)
         sxy, sxx = s["sxy_"][srows], s["sxx_"][srows]
@@ -257,27 +284,39 @@ class ReferenceThermal(ThermalExcursions):
         unseen = load0 > np.fmax(3.0 * np.sqrt(sxx), 0.2)
         prior = np.tile(PRIOR_SLOPE, n)
         rise = dev - np.where(unseen, np.fmax(beta, prior), beta) * load0
+        hi = s["hi_"][srows]
+        hi = np.where(np.isnan(hi) & (sxx > 1e-6), load_abs - load + 3.0 * np.sqrt(sxx), hi)
+        beyond = (load_abs > hi + 0.2) & ~np.isnan(at_load) & ~np.isnan(rise)
+        rise = np.where(beyond, np.fmin(rise, at_load), rise)
         calm = ok & (np.abs(dev) < 4.0)
         s["sxy_"][srows] = np.where(calm, sxy + a * (dev * load - sxy), sxy)
         s["sxx_"][srows] = np.where(calm, sxx + a * (load * load - sxx), sxx)
-        gap = _ref_gaps(x.reshape(n, N_SENSORS), groups)
-        excess = self._ref_excess(srows, gap.ravel())
+        s["hi_"][srows] = np.where(calm, np.fmax(hi, load_abs - np.fmax(load, 0.0)), hi)
+        rise = np.where(settling & ~np.isnan(rise), np.fmin(rise, 0.0), rise)
+        excess = np.where(settling & by_peers & ~np.isnan(excess), np.fmin(excess, 0.0), excess)
         return rise.reshape(n, N_SENSORS), excess.reshape(n, N_SENSORS)
 
-    def _ref_excess(self, srows: np.ndarray, gap: np.ndarray) -> np.ndarray:
+    def _ref_excess(
+        self, srows: np.ndarray, gap: np.ndarray, load_gap: np.ndarray, by_peers: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         s = self.sensors_
         usual = s["gap_"][srows]
+        usual_at_load = s["lgap_"][srows]
         seen = s["gap_seen_"][srows]
         allow = np.tile(self._peer_enter(), len(gap) // N_SENSORS)
-        excess = np.where(seen >= self.warmup_s, gap - usual, gap - allow)
+        warm = seen >= self.warmup_s
+        excess = np.where(warm, gap - usual, gap - allow)
+        at_load = np.where(warm, load_gap - usual_at_load, load_gap - allow)
+        vetoed = by_peers & ~np.isnan(excess) & ~np.isnan(at_load)
+        excess = np.where(vetoed, np.fmin(excess, at_load), excess)
         ok = ~np.isnan(gap)
         a = np.where(seen < self.warmup_s, 1.0 / (seen + 1.0), decay(1.0, self.offset_half_life_s))
-        quiet = ok & ~(np.nan_to_num(excess) > self.stack_enter_c / 2)
-        s["gap_"][srows] = np.where(
-            quiet, np.where(np.isnan(usual), gap, usual + a * (gap - np.nan_to_num(usual))), usual
-        )
-        s["gap_seen_"][srows] = seen + quiet
-        return excess  # type: ignore[no-any-return]
+        quiet = ~(np.nan_to_num(excess) > self.stack_enter_c / 2)
+        for name, old, new in (("gap_", usual, gap), ("lgap_", usual_at_load, load_gap)):
+            step = np.where(np.isnan(old), new, old + a * (new - np.nan_to_num(old)))
+            s[name][srows] = np.where(quiet & ~np.isnan(new), step, old)
+        s["gap_seen_"][srows] = seen + (quiet & ok)
+        return excess, np.where(warm, at_load, np.nan)
 
     def _ref_score(
         self,

@@ -284,6 +284,47 @@ def test_both_racks_warming_together_is_an_ambient_finding() -> None:
     assert all(s.top_cause == Cause.AMBIENT for s in found)
 
 
+# -- pods moving between GPUs ------------------------------------------------------------
+MOVE = int(WARMUP_S) + 600  # the step a pod moves from GPU 0 onto GPU 7, idle until then
+
+
+def pod_move(*, extra_c: float = 0.0, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """A rack of eight: six busy GPUs (0-5, bandwidth ~0.75) and two idle (6, 7); at
+    ``MOVE`` GPU 0's pod moves onto GPU 7.  Memory runs at 42 C + 32 C per unit of
+    bandwidth (more than the 20 C prior explains), reached with a 20 s lag, and GPU 7 runs
+    ``extra_c`` over that once busy.  Returns (mem, bw), each (8, T)."""
+    rng = np.random.default_rng(seed)
+    steps = MOVE + 900
+    busy = np.r_[np.ones(6), 0.0, 0.0][:, None] * np.ones(steps)
+    busy[0, MOVE:], busy[7, MOVE:] = 0.0, 1.0
+    bw = np.where(busy > 0, 0.75 + rng.uniform(-0.04, 0.04, busy.shape), 0.01)
+    target = 42.0 + 32.0 * bw
+    target[7, MOVE:] += extra_c
+    mem = np.empty_like(target)
+    mem[:, 0] = target[:, 0]
+    for t in range(1, steps):  # first-order lag: heat follows the load in tens of seconds
+        mem[:, t] = mem[:, t - 1] + (target[:, t] - mem[:, t - 1]) * (1.0 - np.exp(-1 / 20))
+    return np.round(mem + rng.normal(0.0, 0.4, mem.shape)), bw
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_pod_moved_onto_an_idle_gpu_opens_nothing(seed: int) -> None:
+    """The GPU that gets the pod heats 24 C as its busy peers run, the one it left cools
+    with a lag: routine in a Kubernetes fleet, neither is an excursion."""
+    mem, bw = pod_move(seed=seed)
+    found = feed(ThermalExcursions(warmup_s=WARMUP_S), mem, bw=bw)
+    assert opened(found) == []
+
+
+def test_a_pod_moved_onto_a_gpu_hotter_than_its_peers_at_that_load_opens() -> None:
+    mem, bw = pod_move(extra_c=12.0)
+    found = feed(ThermalExcursions(warmup_s=WARMUP_S), mem, bw=bw)
+    (f,) = gpu_findings(found)
+    assert f.entity["gpu"] == "7"
+    assert MOVE * STEP_MS <= f.started_ms <= (MOVE + 120) * STEP_MS
+    assert evidence(f, "excess_over_peers_c") >= 8.0
+
+
 # -- hysteresis ---------------------------------------------------------------------------
 def test_one_noisy_sample_does_not_open_and_a_return_closes_after_min_off() -> None:
     det = ThermalExcursions(warmup_s=WARMUP_S, min_on_s=5, min_off_s=60)

@@ -122,6 +122,14 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def known(state: Any, saved: Any) -> Any:
+    """``state`` less what ``saved`` has no key for: state added since (the thermal
+    detector's usual gap at load, calm load range and load lag) starts afresh on load."""
+    if isinstance(state, dict) and isinstance(saved, dict):
+        return {k: known(v, saved[k]) for k, v in state.items() if k in saved}
+    return state
+
+
 @pytest.fixture(scope="module")
 def saved() -> dict[str, Any]:
     return json.loads(FIXTURE.read_text())
@@ -133,7 +141,7 @@ def test_state_saved_by_earlier_code_loads_and_carries_on(saved: dict, name: str
     entry = saved[name]
     det = detectors()[name]
     det.load_state_dict(entry["state"])
-    assert same(json.loads(json.dumps(det.state_dict())), entry["state"])
+    assert same(known(json.loads(json.dumps(det.state_dict())), entry["state"]), entry["state"])
     got = json.loads(json.dumps(run(det, fleet_frames()[SAVED_AFTER:])))
     assert entry["findings"], "the fixture must exercise findings"
     assert same(got, entry["findings"])
