@@ -376,10 +376,13 @@ def write_json(report: dict[str, Any], path: Path | None) -> None:
         path.write_text(json.dumps(report, indent=2) + "\n")
 
 
-def fleet_scenario(gpus: int, *, duration: str = "1h") -> dict[str, Any]:
-    """A mixed fleet of ``gpus`` GPUs (multiple of 64), 8 nodes a rack, four SKUs."""
+def fleet_scenario(gpus: int, *, duration: str = "1h", pods: bool = False) -> dict[str, Any]:
+    """A mixed fleet of ``gpus`` GPUs (multiple of 64), 8 nodes a rack, four SKUs; ``pods``:
+    Kubernetes pod labels on every device line of a GPU that serves, as the exporters write."""
     skus = ("MI300X", "H200", "MI355X", "H100")
     racks = [{"name": f"r{i}", "nodes": 8, "sku": skus[i % 4]} for i in range(gpus // 64)]
+    for rack in racks if pods else ():
+        rack["pods"] = True
     return {"name": "bench", "duration": duration, "seed": 3, "racks": racks}
 
 
@@ -430,7 +433,7 @@ def _scenario_toml(scenario: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _page_of(kind: str, gpus: int) -> str:
+def _page_of(kind: str, gpus: int, pods: bool = False) -> str:
     """One page holding ``gpus`` GPUs of one exporter (node pages of the simulator, joined)."""
     from hbmwatch.simulator.runner import Simulation
     from hbmwatch.simulator.scenario import scenario_from_dict
@@ -441,7 +444,7 @@ def _page_of(kind: str, gpus: int) -> str:
             "name": "page",
             "duration": "1h",
             "seed": 4,
-            "racks": [{"name": "r0", "nodes": gpus // 8, "sku": sku}],
+            "racks": [{"name": "r0", "nodes": gpus // 8, "sku": sku, "pods": pods}],
         }
     )
     sim = Simulation(scenario, start_unix=1_800_000_000)
@@ -449,7 +452,7 @@ def _page_of(kind: str, gpus: int) -> str:
     return "".join(sim.node_page(i) or "" for i in range(len(sim.fleet.nodes)))
 
 
-def parse_rates(kind: str, gpus: int, rounds: int = 20) -> dict[str, Any]:
+def parse_rates(kind: str, gpus: int, rounds: int = 20, pods: bool = False) -> dict[str, Any]:
     """Lines per second: hbmwatch's cached parser + translation, and prometheus_client's."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -457,7 +460,7 @@ def parse_rates(kind: str, gpus: int, rounds: int = 20) -> dict[str, Any]:
     from hbmwatch.collector.sources.dcgm import DcgmTranslator
     from hbmwatch.collector.sources.dme import DmeTranslator
 
-    page = _page_of(kind, gpus)
+    page = _page_of(kind, gpus, pods)
     lines = sum(1 for line in page.splitlines() if line and not line.startswith("#"))
     cache = SeriesCache()
     translator = DmeTranslator() if kind == "dme" else DcgmTranslator()
@@ -491,7 +494,9 @@ def parse_rates(kind: str, gpus: int, rounds: int = 20) -> dict[str, Any]:
     }
 
 
-def scrape_to_store(gpus: int, rounds: int, workdir: Path | None = None) -> dict[str, Any]:
+def scrape_to_store(
+    gpus: int, rounds: int, workdir: Path | None = None, pods: bool = False
+) -> dict[str, Any]:
     """Scrape a simulated fleet (served by another process) into SQLite, round after round."""
     import asyncio
     import subprocess
@@ -504,7 +509,7 @@ def scrape_to_store(gpus: int, rounds: int, workdir: Path | None = None) -> dict
     from hbmwatch.runtime.service import tune_gc
     from hbmwatch.settings import CollectorSettings
 
-    scenario = fleet_scenario(gpus)
+    scenario = fleet_scenario(gpus, pods=pods)
     scenario["workload"] = {
         "training": [{"name": f"job{r['name']}", "racks": [r["name"]]} for r in scenario["racks"]]
     }
@@ -565,12 +570,13 @@ def scrape_to_store(gpus: int, rounds: int, workdir: Path | None = None) -> dict
     }
 
 
-def bench_collect(*, gpus: int, page_gpus: int, rounds: int) -> dict[str, Any]:
+def bench_collect(*, gpus: int, page_gpus: int, rounds: int, pods: bool = False) -> dict[str, Any]:
     return {
         "machine": machine(),
-        "parse_dme": parse_rates("dme", page_gpus),
-        "parse_dcgm": parse_rates("dcgm", page_gpus),
-        "scrape_to_store": scrape_to_store(gpus, rounds),
+        "pods": pods,
+        "parse_dme": parse_rates("dme", page_gpus, pods=pods),
+        "parse_dcgm": parse_rates("dcgm", page_gpus, pods=pods),
+        "scrape_to_store": scrape_to_store(gpus, rounds, pods=pods),
     }
 
 

@@ -136,6 +136,9 @@ def bench_collect(
     gpus: Annotated[int, typer.Option(help="Fleet scraped into SQLite (multiple of 64).")] = 1024,
     page_gpus: Annotated[int, typer.Option(help="GPUs on the page the parsers read.")] = 64,
     rounds: Annotated[int, typer.Option(help="Scrape rounds to time.")] = 10,
+    pods: Annotated[
+        bool, typer.Option(help="Pod labels on every device line, as on Kubernetes.")
+    ] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
 ) -> None:
     """Parser lines/s beside prometheus_client's, and scrape-to-store samples/s."""
@@ -145,7 +148,7 @@ def bench_collect(
         console.print("[red]error:[/red] --gpus must be a multiple of 64, --page-gpus of 8")
         raise typer.Exit(2)
     log.configure("warning")
-    report = benchmarks.bench_collect(gpus=gpus, page_gpus=page_gpus, rounds=rounds)
+    report = benchmarks.bench_collect(gpus=gpus, page_gpus=page_gpus, rounds=rounds, pods=pods)
     table = Table(title=f"hbmwatch bench collect ({page_gpus}-GPU pages; {gpus}-GPU fleet)")
     table.add_column("measure")
     table.add_column("DME page", justify="right")
