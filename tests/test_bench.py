@@ -104,3 +104,19 @@ def test_bench_api_refuses_a_database_it_did_not_build(tmp_path: Path) -> None:
     db.write_bytes(b"")
     with pytest.raises(HbmwatchError, match="--rebuild"):
         ensure_loaded(db, gpus=8, hours=1, interval=60, seed=1, rebuild=False)
+
+
+@pytest.mark.parametrize("kind", ["dme", "dcgm"])
+def test_bench_collect_pods_pages_carry_pods_and_yield_attribution(kind: str) -> None:
+    """``--pods`` measures what it says: pod labels on the page, gpu_workload_info out."""
+    from hbmwatch.bench.benchmarks import _page_of, parse_rates
+    from hbmwatch.collector.sources.dcgm import DcgmTranslator
+    from hbmwatch.collector.sources.dme import DmeTranslator
+
+    plain, pods = _page_of(kind, 8), _page_of(kind, 8, pods=True)
+    assert 'pod="' not in plain and 'pod="' in pods
+    translator = DmeTranslator() if kind == "dme" else DcgmTranslator()
+    metrics = {s.series.metric for s in translator.translate_text(pods, 0).samples}
+    assert "gpu_workload_info" in metrics
+    with_pods = parse_rates(kind, 8, rounds=2, pods=True)
+    assert with_pods["bytes"] > parse_rates(kind, 8, rounds=2)["bytes"]
