@@ -12,20 +12,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hbmwatch.collector.spellings import dcgm
+from hbmwatch.collector.spellings import dcgm, dme
 from hbmwatch.simulator.errors import xid_message
 from hbmwatch.simulator.fleet import Node
 
 if TYPE_CHECKING:
     from hbmwatch.simulator.exposition import Exposition
 
-DCGM_ERROR_HELP = {
-    "DCGM_FI_DEV_XID_ERRORS": "Value of the last XID error encountered.",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "Number of remapped rows for uncorrectable errors",
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "Number of remapped rows for correctable errors",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "Whether remapping of rows has failed",
-    "DCGM_FI_DEV_ROW_REMAP_PENDING": "Whether remapping of rows is pending",
-}
+#: Help texts as the exporters write them (the spelling tables keep the names and texts).
+_ERROR_HELP = {f.name: f.help for f in dcgm.ERROR_FAMILIES}
+XID_FIELD = dcgm.XID_FIELDS[0]
+XID_HELP = "Value of the last XID error encountered."
 AFID_HELP = "Last Occured RAS Event associated AMD Field Identifier list"  # sic, DME's text
 HEALTH_HELP = "Health of the GPU (1 healthy, 0 unhealthy)"
 
@@ -47,21 +44,21 @@ def dcgm_error_families(
         extra = [("err_code", str(code)), ("err_msg", xid_message(code))]
         pods = exp.pod_pairs(g, "dcgm")
         xid_rows.append((_quote(exp.dcgm_pairs(g) + sorted(extra + pods)), float(code)))
-    exp._family(out, "DCGM_FI_DEV_XID_ERRORS", DCGM_ERROR_HELP["DCGM_FI_DEV_XID_ERRORS"],
-                "gauge", xid_rows)  # fmt: skip
+    exp._family(out, XID_FIELD, XID_HELP, "gauge", xid_rows)
     labels = [exp._dcgm_labels[g] for g in gpus]
+    by_metric = {(f.metric, f.labels.get("severity")): f.name for f in dcgm.ERROR_FAMILIES}
     values = {
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("counter", errors.rows[gpus, 1]),
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("counter", errors.rows[gpus, 0]),
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("gauge", errors.failed[gpus]),
-        "DCGM_FI_DEV_ROW_REMAP_PENDING": ("gauge", errors.pending[gpus]),
+        by_metric["gpu_row_remaps_total", "uncorrectable"]: ("counter", errors.rows[gpus, 1]),
+        by_metric["gpu_row_remaps_total", "correctable"]: ("counter", errors.rows[gpus, 0]),
+        by_metric["gpu_row_remap_failed", None]: ("gauge", errors.failed[gpus]),
+        by_metric["gpu_row_remap_pending", None]: ("gauge", errors.pending[gpus]),
     }
     for name, (kind, column) in values.items():
         rows = [
             (lab, dcgm.NOT_SUPPORTED if blank and blank[i] else float(v))
             for i, (lab, v) in enumerate(zip(labels, column.tolist(), strict=True))
         ]
-        exp._family(out, name, DCGM_ERROR_HELP[name], kind, rows)
+        exp._family(out, name, _ERROR_HELP[name], kind, rows)
 
 
 def dme_error_families(exp: Exposition, node: Node, out: list[str]) -> None:
@@ -80,5 +77,5 @@ def dme_error_families(exp: Exposition, node: Node, out: list[str]) -> None:
                 for i, code in enumerate(codes)
             )
         health_rows.append((labels, 1.0 if errors.healthy(g) else 0.0))
-    exp._family(out, "gpu_afid_errors", AFID_HELP, "gauge", afid_rows)
-    exp._family(out, "gpu_health", HEALTH_HELP, "gauge", health_rows)
+    exp._family(out, dme.AFID_ERRORS, AFID_HELP, "gauge", afid_rows)
+    exp._family(out, dme.HEALTH, HEALTH_HELP, "gauge", health_rows)
