@@ -39,7 +39,6 @@ class DcgmTranslator(LineTranslator):
     ) -> None:
         super().__init__(series_cap)
         self.static = dict(static_labels or {})
-        self._devices: dict[tuple[str, str, str, str], Device] = {}
         self._events = EventCounter()
 
     def _device(self, labels: dict[str, str]) -> Device | None:

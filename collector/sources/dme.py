@@ -37,7 +37,6 @@ class DmeTranslator(LineTranslator):
     ) -> None:
         super().__init__(series_cap)
         self.static = dict(static_labels or {})
-        self._devices: dict[tuple[str, str, str, str], Device] = {}
         self._gpu_index: dict[str, str] = {}  # serial/uuid -> index, for builds without gpu_id
         self._ticks = TickPeriod()
         self._events = EventCounter()
