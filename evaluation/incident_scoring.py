@@ -31,8 +31,9 @@ exactly (times in Unix seconds; entity matching, causes and healthy GPU-hours ar
   series.  A noisy neighbour is **blamed on heat** when its judged incident's top cause is
   thermal (``Cause.is_thermal``) or its title names a thermal cause.
 * **Pods named** (``xid_fatal`` and ``row_remap_failure`` faults whose ground truth lists
-  ``affected_pods``): the judged incident's ``workloads`` name every one of those pods;
-  not met when it names none or there is no judged incident.
+  ``affected_pods``): the judged incident's ``workloads`` name every one of those pods,
+  and so does the first page about the fault (its alerts' ``workloads`` annotation, what
+  on-call reads); not met when either names none or there is no judged incident.
 * **Pod moves** (ground truth ``moves``: a pod rescheduled between two GPUs, no fault): a
   move is **quiet** unless an incident has an alert that matches one of its GPUs (as a
   fault's entity), fired at or after ``at - 120 s``, and that no fault explains.
@@ -92,6 +93,7 @@ class Fired:
     labels: Mapping[str, str]
     fired_s: float
     incident: str | None = None
+    annotations: Mapping[str, str] = field(default_factory=dict)  # as a page carries them
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,8 @@ def pages(notifications: Sequence[Notification]) -> list[Page]:
                 continue
             seen.add(key)
             if labels.get("severity") in PAGING_SEVERITIES:
-                new.append(Fired(labels, _starts_s(key[1]), labels.get("incident")))
+                new.append(Fired(labels, _starts_s(key[1]), labels.get("incident"),
+                                 a.get("annotations") or {}))  # fmt: skip
         if new:
             out.append(Page(n.at_ms / 1000.0, n.group_key, tuple(new)))
     return out
@@ -230,6 +233,11 @@ def incident_pods(incident: Incident) -> set[str]:
     """The pods an incident names (``Incident.workloads``; none on a build without it)."""
     workloads = getattr(incident, "workloads", None) or ()
     return {str(getattr(w, "pod", "") or "") for w in workloads} - {""}
+
+
+def paged_pods(page: Page, truth: FaultTruth) -> str:
+    """What the first page about a fault says runs on its GPU (``workloads`` annotations)."""
+    return " ".join(str(a.annotations.get("workloads", "")) for a in page.new if covers(a, truth))
 
 
 def merged_away(incident: Incident) -> bool:
@@ -298,6 +306,9 @@ def score_run(run: PagedRunLike) -> RunIncidents:
             versions = record.incidents.get(out.judged)
             if versions:
                 _judge(out, version_at(versions, at), t)
+        if out.pods_named and first is not None:  # and the page itself names them
+            text = paged_pods(first, t)
+            out.pods_named = all(pod in text for pod in out.pods_expected)
         outcomes.append(out)
     return RunIncidents(
         outcomes=outcomes,

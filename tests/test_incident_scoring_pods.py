@@ -59,7 +59,11 @@ def with_workloads(inc: Incident, pods: list[str]) -> Incident:
                          workloads=made)  # fmt: skip
 
 
-def paged_run(pods_named: list[str] | None) -> Run:
+def paged_run(pods_named: list[str] | None, *, on_the_page: bool = True) -> Run:
+    """A paged XID incident naming ``pods_named``, and its page's ``workloads`` annotation
+    naming them too (as alerting writes it) unless ``on_the_page`` is False."""
+    from hbmwatch.alerts.workloads import describe
+
     run = Run(truth(gpu_fault(pods=PODS)))
     a = run.alert("HBMGpuErrors", {"rack": "r1", "host": "n1", "gpu": "3"}, 610, "inc-1",
                   kind="gpu_errors", severity="critical")  # fmt: skip
@@ -67,7 +71,11 @@ def paged_run(pods_named: list[str] | None) -> Run:
                  'gpu_error_events_total{host="n1",gpu="3",scheme="xid",code="79"}')  # fmt: skip
     if pods_named is not None:
         ms, inc = run.pager.incidents["inc-1"][0]
-        run.pager.incidents["inc-1"][0] = (ms, with_workloads(inc, pods_named))
+        named = with_workloads(inc, pods_named)
+        run.pager.incidents["inc-1"][0] = (ms, named)
+        if on_the_page:
+            workloads = {"workloads": describe(named.workloads)}  # type: ignore[attr-defined]
+            a = dataclasses.replace(a, annotations=workloads)
     run.page(615, a)
     return run
 
@@ -95,6 +103,15 @@ def test_one_pod_missing_or_no_workloads_at_all_is_not_met() -> None:
         assert out.pods_named is False
         report = score_incidents([run])
         assert report.checks["pods_named"] is False and not report.passed
+
+
+def test_pods_the_incident_names_but_the_page_does_not_are_not_met() -> None:
+    """On-call reads the page first: pods named only on the incident are not enough."""
+    run = paged_run(PODS, on_the_page=False)
+    run.truth["faults"][0]["affected_pods"] = pod_names(PODS)
+    (out,) = score_run(run).outcomes
+    assert incident_pods(run.pager.incidents["inc-1"][0][1]) == set(pod_names(PODS))
+    assert out.pods_named is False
 
 
 def test_an_unpaged_fatal_fault_fails_its_paged_check() -> None:
