@@ -109,7 +109,7 @@ class IncidentReport(CheckedReport):
                   self.checks.get("thermal_page_median"), col=5),
             _line("noisy neighbour not blamed on heat", pct(self.noisy_not_heat),
                   self.checks.get("noisy_not_heat")),
-            _line("GPU error faults: incident names every pod on the GPU",
+            _line("GPU error faults: page and incident name every pod on the GPU",
                   pct(self.pods_named), self.checks.get("pods_named")),
             _line(f"pod moves without an incident ({len(self.moves or [])} moves)",
                   pct(self.moves_quiet), self.checks.get("moves_quiet")),
