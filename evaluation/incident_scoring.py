@@ -230,9 +230,8 @@ def cause_names_entity(cause: RankedCause, truth: FaultTruth) -> bool:
 
 
 def incident_pods(incident: Incident) -> set[str]:
-    """The pods an incident names (``Incident.workloads``; none on a build without it)."""
-    workloads = getattr(incident, "workloads", None) or ()
-    return {str(getattr(w, "pod", "") or "") for w in workloads} - {""}
+    """The pods an incident names (``Incident.workloads``)."""
+    return {w.pod for w in incident.workloads} - {""}
 
 
 def paged_pods(page: Page, truth: FaultTruth) -> str:

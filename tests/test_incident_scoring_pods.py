@@ -4,13 +4,12 @@ quiet; a GPU that fell off the bus explains its data-quality findings."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from hbmwatch.evaluation.incident_report import score_incidents
 from hbmwatch.evaluation.incident_scoring import incident_pods, score_run
 from hbmwatch.evaluation.scoring import explains, fault_truth
-from hbmwatch.records import Finding, Incident, Severity
+from hbmwatch.records import Finding, Incident, Severity, Workload
 from hbmwatch.taxonomy import FindingKind
 from tests.test_incident_scoring import T0, Run, truth
 
@@ -26,37 +25,13 @@ def gpu_fault(kind: str = "xid_fatal", pods: list[str] | None = None) -> dict[st
     }  # fmt: skip
 
 
-@dataclass(frozen=True)
-class _Workload:
-    """The fields of ``hbmwatch.records.Workload`` scoring reads (until that record lands)."""
-
-    namespace: str
-    pod: str
-    container: str = "vllm"
-    job: str = ""
-    host: str = "n1"
-    gpu: str = "3"
-    partition: str = ""
-
-
 def with_workloads(inc: Incident, pods: list[str]) -> Incident:
-    """The incident naming ``pods``: with the real ``Incident.workloads`` where the record
-    has it, else as a subclass that adds the field as helper "attribution" defines it."""
-    from hbmwatch import records
-
-    workload = getattr(records, "Workload", _Workload)
-    names = {f.name for f in dataclasses.fields(workload)}
-    made = tuple(workload(**{k: v for k, v in dataclasses.asdict(_Workload(
-        "inference", p.split("/")[1])).items() if k in names}) for p in pods)  # fmt: skip
-    if "workloads" in {f.name for f in dataclasses.fields(Incident)}:
-        return dataclasses.replace(inc, workloads=made)  # type: ignore[call-arg]
-
-    @dataclass(frozen=True)
-    class WithWorkloads(Incident):
-        workloads: tuple[Any, ...] = ()
-
-    return WithWorkloads(**{f.name: getattr(inc, f.name) for f in dataclasses.fields(inc)},
-                         workloads=made)  # fmt: skip
+    """The incident naming ``pods`` (``namespace/pod``) as alerting records them."""
+    made = tuple(
+        Workload(namespace="inference", pod=p.split("/")[1], container="vllm", host="n1", gpu="3")
+        for p in pods
+    )
+    return dataclasses.replace(inc, workloads=made)
 
 
 def paged_run(pods_named: list[str] | None, *, on_the_page: bool = True) -> Run:
@@ -74,7 +49,7 @@ def paged_run(pods_named: list[str] | None, *, on_the_page: bool = True) -> Run:
         named = with_workloads(inc, pods_named)
         run.pager.incidents["inc-1"][0] = (ms, named)
         if on_the_page:
-            workloads = {"workloads": describe(named.workloads)}  # type: ignore[attr-defined]
+            workloads = {"workloads": describe(named.workloads)}
             a = dataclasses.replace(a, annotations=workloads)
     run.page(615, a)
     return run
