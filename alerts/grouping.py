@@ -54,6 +54,7 @@ KIND_CAUSE: dict[str, str] = {
     FindingKind.DATA_QUALITY: Cause.SENSOR,
     FindingKind.P99_REGRESSION: Cause.NONE,
     FindingKind.STEP_TIME_REGRESSION: Cause.NONE,
+    FindingKind.SERIES_ANOMALY: Cause.NONE,
 }
 
 REGRESSIONS = frozenset({FindingKind.P99_REGRESSION, FindingKind.STEP_TIME_REGRESSION})

@@ -43,6 +43,8 @@ ALERT_NAMES: dict[str, str] = {
     "schedule an inspection.",
     "HbmwatchTargetDown": "The exporter stopped answering: check its process and the host. "
     "The host's GPU alerts are inhibited meanwhile.",
+    "SeriesAnomaly": "A series you mapped in left its learned level, trend or daily shape: "
+    "look at what feeds it; hbmwatch knows nothing of what it means.",
     "HbmwatchDataQuality": "The telemetry is suspect (stuck sensor, gaps, sentinels): fix "
     "the exporter before trusting this GPU's other alerts.",
 }
@@ -57,6 +59,7 @@ _BY_KIND: dict[str, str] = {
     FindingKind.GPU_ERRORS: "GPUErrors",
     FindingKind.FLEET_OUTLIER: "GPUFleetOutlier",
     FindingKind.DATA_QUALITY: "HbmwatchDataQuality",
+    FindingKind.SERIES_ANOMALY: "SeriesAnomaly",
 }
 
 

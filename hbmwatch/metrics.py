@@ -34,6 +34,9 @@ class Scope(StrEnum):
     COLLECTOR = "collector"
     #: What runs on a GPU or partition (pod, Slurm job): an info series, value 1.
     ATTRIBUTION = "attribution"
+    #: A user's own series (the ``mapped`` source, ``score-file``): named by ``series``,
+    #: optionally placed; the generic detector scores it.
+    SERIES = "series"
     #: Exported by hbmwatch's /metrics, not stored; carries no identity labels of its own.
     EXPORT = "export"
 
@@ -65,6 +68,7 @@ SCOPE_LABELS: dict[Scope, tuple[str, ...]] = {
     Scope.WORKLOAD: WORKLOAD_PLACEMENT_LABELS + WORKLOAD_LABELS,
     Scope.COLLECTOR: COLLECTOR_LABELS,
     Scope.ATTRIBUTION: WORKLOAD_PLACEMENT_LABELS + ATTRIBUTION_LABELS,
+    Scope.SERIES: WORKLOAD_PLACEMENT_LABELS + ("series",),
     Scope.EXPORT: (),
 }
 SCOPE_REQUIRED: dict[Scope, tuple[str, ...]] = {
@@ -72,6 +76,7 @@ SCOPE_REQUIRED: dict[Scope, tuple[str, ...]] = {
     Scope.WORKLOAD: ("service", "phase"),
     Scope.COLLECTOR: ("target",),
     Scope.ATTRIBUTION: ("host", "gpu"),
+    Scope.SERIES: ("series",),
     Scope.EXPORT: (),
 }
 
@@ -340,6 +345,14 @@ _DEFINITIONS: tuple[MetricDef, ...] = (
         "1 while the workload it names (namespace, pod, container, Slurm job) runs on the GPU "
         "or partition; absent otherwise. Device series never carry these labels.",
         scope=Scope.ATTRIBUTION,
+    ),
+    # -- a user's own series -----------------------------------------------------------------
+    _g(
+        "user_series_value",
+        "value",
+        "Any series a user maps in (the mapped source) or scores from a file (score-file), "
+        "named by its series label; the generic detector scores it.",
+        scope=Scope.SERIES,
     ),
     # -- workloads --------------------------------------------------------------------------
     _g(

@@ -19,6 +19,7 @@ class FindingKind(StrEnum):
     FLEET_OUTLIER = "fleet_outlier"
     DATA_QUALITY = "data_quality"
     GPU_ERRORS = "gpu_errors"  # fatal XID/AFID codes, benign storms, failed row remaps
+    SERIES_ANOMALY = "series_anomaly"  # a user's own series (user_series_value) left its baseline
 
 
 class Cause(StrEnum):

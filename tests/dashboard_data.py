@@ -125,6 +125,9 @@ def _canonical() -> Iterator[Series]:
                 for h, i in _HOSTS.items()
             ] + [{"cluster": "c0", "rack": i["rack"], "host": h, "gpu": "1", "job": f"42{n}"}
                  for n, (h, i) in enumerate(_HOSTS.items())]  # fmt: skip
+        elif m.scope is Scope.SERIES:  # a user's queue depth per host
+            sets = [{"cluster": "c0", "rack": i["rack"], "host": h, "series": "queue_depth"}
+                    for h, i in _HOSTS.items()]  # fmt: skip
         else:  # collector
             sets = [{"cluster": "c0", "rack": i["rack"], "host": h, "target": f"dme-{h}",
                      **({"reason": "malformed"} if "reason" in m.labels else {})}
