@@ -17,18 +17,8 @@ import pytest
 from hbmwatch.records import RankedCause
 from hbmwatch.runtime.offline import ScoredFile
 from hbmwatch.taxonomy import Cause, FindingKind
-from tests.device_captures import (
-    EXPECTED,
-    RUNS,
-    CaptureError,
-    Declared,
-    checks,
-    folder_problems,
-    known_gaps,
-    load,
-    run_check,
-    score,
-)
+from tests.device_capture_checks import checks, known_gaps, run_check, score
+from tests.device_captures import EXPECTED, RUNS, CaptureError, Declared, folder_problems, load
 
 Scorer = Callable[[str, str], ScoredFile]
 #: A valid head for the schema tests: the two-loads capture's files, the rules stated.
@@ -187,3 +177,14 @@ def test_a_bad_expected_toml_is_one_clear_line(tmp_path: Path, toml: str, messag
     text = str(err.value)
     assert text.startswith(str(path)) and "\n" not in text, text
     assert message in text, text
+
+
+def test_declared_options_reach_the_detectors(tmp_path: Path) -> None:
+    """``[options]`` scores with them: a 200 s hold outlasts the 30 s GEMM, so it is missed."""
+    capture = "2026-11-27-h200-cold-start"
+    text = (RUNS / capture / EXPECTED).read_text()
+    path = tmp_path / EXPECTED
+    path.write_text(text + "\n[options]\nwarmup_s = 30\nhold_s = 200\nmin_hold_s = 200\n")
+    d = load(RUNS / capture, expected=path)
+    with pytest.raises(AssertionError, match=f"^{capture} \\[whole\\] gemm:p99_regression: want"):
+        run_check(d, "whole", "gemm:p99_regression", score(d, "whole"))
