@@ -66,7 +66,7 @@ def test_every_folder_declares_its_capture() -> None:
     """No loose files; each folder has a valid expected.toml: a trace, or why there is none."""
     assert folder_problems(RUNS) == []
     declared = [load(p) for p in RUNS.iterdir() if p.is_dir()]
-    assert sum(d.capture.trace is not False for d in declared) >= 3
+    assert sum(d.capture.trace is not False for d in declared) >= 4
 
 
 @pytest.mark.parametrize(("capture", "scoring", "key"), _cases())
