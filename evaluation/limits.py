@@ -95,12 +95,12 @@ def crossing(edges: Sequence[float], cells: Sequence[tuple[int, int]]) -> tuple[
         return None, "no faults"
     points.reverse()  # biggest first
     if points[0][1] < 0.5:
-        return None, "below 0.5 even in the biggest bin"
+        return None, "n/a (recall below 0.5 even in the biggest bin)"
     for (c_hi, r_hi), (c_lo, r_lo) in itertools.pairwise(points):
         if r_lo < 0.5 <= r_hi:
             w = (r_hi - 0.5) / (r_hi - r_lo)
             return math.exp(math.log(c_hi) + w * (math.log(c_lo) - math.log(c_hi))), ""
-    return None, "at or above 0.5 down to the smallest bin"
+    return None, "n/a (recall at or above 0.5 down to the smallest bin)"
 
 
 def above_limits(d: FaultDraw) -> bool:

@@ -41,7 +41,7 @@ K = FaultKind
 #: Every distribution a draw comes from; docs/simulator.md's table shows (and a test checks)
 #: these.  Ranges are (low, high); ``log`` ones are log-uniform, the rest uniform.
 DISTRIBUTIONS: dict[str, tuple[Any, str]] = {
-    "gpu_hours": (6.0, "the fleet is sized so that a run holds about this many GPU-hours"),
+    "gpu_hours": (5.0, "healthy GPU-h a run holds: the fleet is sized, the run lengthened, so"),
     "nodes": ((1, 12), "... within these bounds (8 GPUs a node)"),
     "racks": ((1, 3), "integers, uniform (at most one per node); nodes spread at random"),
     "vendor_nvidia": (0.5, "probability a rack is NVIDIA (then its SKU uniform in vendor)"),
@@ -262,12 +262,14 @@ def _draw(rng: np.random.Generator, name: str,
     timings = [_timing(rng, round(rng.uniform(*d["lead_s"])))]
     if rng.random() < d["overlap"]:
         kinds.append(_kind(rng, but=kinds[0]))
-        timings.append(_timing(rng, round(rng.uniform(timings[0]["onset"], timings[0]["end"]))))
+        first = timings[0]
+        timings.append(_timing(rng, math.floor(rng.uniform(first["onset"], first["end"]))))
     duration = max(t["end"] for t in timings) + d["tail_s"]
     nodes = int(np.clip(round(d["gpu_hours"] * 3600 / duration / 8), *d["nodes"]))
     racks = _racks(rng, nodes)
     rack = racks[int(rng.integers(len(racks)))]
     faults = [_fault(rng, k, rack, t) for k, t in zip(kinds, timings, strict=True)]
+    duration = _healthy_enough(duration, racks, faults)
     hour = round(rng.uniform(*d["onset_hour"]) * 60) / 60
     workload: dict[str, Any] = {
         "requests_per_second": round(_log_uniform(rng, *d["rps_log"]), 2),
@@ -289,6 +291,27 @@ def _draw(rng: np.random.Generator, name: str,
         for i, (f, rel) in enumerate(faults)
     )  # fmt: skip
     return data, draws
+
+
+def _affected(fault: dict[str, Any], racks: list[dict[str, Any]]) -> int:
+    """GPUs a fault touches (as ``FaultPlan`` resolves its target)."""
+    t = fault["target"]
+    if "gpu" in t:
+        return 1
+    if "host" in t:
+        return 8
+    if "rack" in t:
+        return 8 * next(r["nodes"] for r in racks if r["name"] == t["rack"])
+    return 8 * sum(r["nodes"] for r in racks if r.get("cluster", "c0") == t["cluster"])
+
+
+def _healthy_enough(duration: float, racks: list[dict[str, Any]],
+                    faults: list[tuple[dict[str, Any], float | None]]) -> float:  # fmt: skip
+    """The run's length, longer where its faults leave under ``gpu_hours`` healthy."""
+    gpus = 8 * sum(r["nodes"] for r in racks)
+    faulty = sum(_affected(f, racks) * (f["end"] - f["onset"]) for f, _ in faults)
+    short = _D["gpu_hours"] * 3600 - (gpus * duration - faulty)
+    return duration + max(0.0, math.ceil(short / gpus))
 
 
 # -- TOML -----------------------------------------------------------------------------------
