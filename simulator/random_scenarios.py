@@ -92,7 +92,7 @@ DETECTABLE: dict[FaultKind, tuple[float | None, float]] = {
     K.COOLANT_DEGRADATION: (0.5, 300.0), K.DEGRADED_STACK: (0.7, 300.0),
     K.AMBIENT_HEAT: (0.7, 600.0), K.NOISY_NEIGHBOUR: (0.7, 600.0),
     K.FABRIC_LINK_DEGRADATION: (0.5, 300.0), K.PCIE_REPLAY_STORM: (0.3, 300.0),
-    K.POWER_CAP: (0.7, 300.0), K.STUCK_SENSOR: (None, 600.0), K.SENSOR_DROPOUT: (None, 300.0),
+    K.POWER_CAP: (1.0, 300.0), K.STUCK_SENSOR: (None, 600.0), K.SENSOR_DROPOUT: (None, 300.0),
     K.TARGET_DOWN: (None, 300.0), K.XID_FATAL: (None, 60.0), K.XID_STORM: (0.3, 300.0),
     K.ROW_REMAP_FAILURE: (0.25, 120.0),
 }  # fmt: skip
@@ -176,12 +176,14 @@ def _log_uniform(rng: np.random.Generator, low: float, high: float) -> float:
     return float(math.exp(rng.uniform(math.log(low), math.log(high))))
 
 
-def _racks(rng: np.random.Generator, nodes: int) -> list[dict[str, Any]]:
-    """``nodes`` nodes split over 1-3 racks, each of one SKU."""
+def _racks(rng: np.random.Generator, nodes: int, ambient: bool) -> list[dict[str, Any]]:
+    """``nodes`` nodes split over 1-3 racks, each of one SKU; for an ambient fault at least
+    two racks in one cluster (with one, ambient heat and a coolant fault are the same)."""
     d = _D
     count = min(nodes, int(rng.integers(d["racks"][0], d["racks"][1] + 1)))
+    count = max(count, 2) if ambient else count
     sizes = rng.multinomial(nodes - count, [1.0 / count] * count) + 1
-    two_clusters = rng.random() < d["clusters"]
+    two_clusters = rng.random() < d["clusters"] and not ambient
     racks = []
     for i, size in enumerate(sizes.tolist()):
         nvidia = rng.random() < d["vendor_nvidia"]
@@ -266,7 +268,8 @@ def _draw(rng: np.random.Generator, name: str,
         timings.append(_timing(rng, math.floor(rng.uniform(first["onset"], first["end"]))))
     duration = max(t["end"] for t in timings) + d["tail_s"]
     nodes = int(np.clip(round(d["gpu_hours"] * 3600 / duration / 8), *d["nodes"]))
-    racks = _racks(rng, nodes)
+    ambient = K.AMBIENT_HEAT in kinds
+    racks = _racks(rng, max(nodes, 2) if ambient else nodes, ambient)
     rack = racks[int(rng.integers(len(racks)))]
     faults = [_fault(rng, k, rack, t) for k, t in zip(kinds, timings, strict=True)]
     duration = _healthy_enough(duration, racks, faults)
