@@ -236,7 +236,8 @@ def summary_lines(r: LimitsReport) -> list[str]:
         f"unexplained pages / 1,000 healthy GPU-h: {'n/a' if rate is None else f'{rate:.2f}'} "
         f"(target <= 1; {r.healthy_gpu_hours:.0f} healthy GPU-h)",
         f"draws the simulator refused (drawn again): {r.redraws}",
-        f"passed: {'yes' if r.passed else 'NO'}",
+        f"random eval passed (recall above the limits, unexplained pages): "
+        f"{'yes' if r.passed else 'NO'}",
     ]
 
 
