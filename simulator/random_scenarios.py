@@ -85,14 +85,18 @@ RELATIVE_MAGNITUDE: dict[FaultKind, tuple[float, float] | None] = {
 }  # fmt: skip
 
 #: The stated limits: a fault at least this big (relative magnitude; None: any) and this
-#: long (s) is "above the limits", where the issue asks recall >= 0.9.  Set from the
-#: development runs (seeds 100-199) and the detectors' own windows: a finding needs its
-#: detector's evidence (~15-120 s) and an alert its ``for`` before it can page.
+#: long (s) is "above the limits", where the issue asks recall >= 0.9.  From the
+#: development runs (seeds 100-199, 29 draws): every one of 24 faults above these was
+#: found (one incident, paged, top cause right), one of each kind at its limit's edge
+#: included; below them a power cap of 0.34-0.55x (its cut only bites under heavy load) and
+#: 20-26 s noisy neighbours were missed, and a 0.58x ambient heat was named a coolant
+#: fault.  Durations leave room for the slowest pages seen: a power cap ramping slowly
+#: paged 456 s after onset, a stuck sensor 121 s, a noisy neighbour 174 s.
 DETECTABLE: dict[FaultKind, tuple[float | None, float]] = {
     K.COOLANT_DEGRADATION: (0.5, 300.0), K.DEGRADED_STACK: (0.7, 300.0),
     K.AMBIENT_HEAT: (0.7, 600.0), K.NOISY_NEIGHBOUR: (0.7, 600.0),
     K.FABRIC_LINK_DEGRADATION: (0.5, 300.0), K.PCIE_REPLAY_STORM: (0.3, 300.0),
-    K.POWER_CAP: (1.0, 300.0), K.STUCK_SENSOR: (None, 600.0), K.SENSOR_DROPOUT: (None, 300.0),
+    K.POWER_CAP: (1.0, 600.0), K.STUCK_SENSOR: (None, 600.0), K.SENSOR_DROPOUT: (None, 300.0),
     K.TARGET_DOWN: (None, 300.0), K.XID_FATAL: (None, 60.0), K.XID_STORM: (0.3, 300.0),
     K.ROW_REMAP_FAILURE: (0.25, 120.0),
 }  # fmt: skip
