@@ -233,12 +233,21 @@ def summary_lines(r: LimitsReport) -> list[str]:
         f"recall above the stated limits (DETECTABLE): {above} "
         f"(target >= {TARGET_RECALL}; {r.overall.above[1]} faults)",
         "  per kind: " + ", ".join(f"{k} {f}/{n}" for k, (f, n) in _above_by_kind(r).items()),
+        "  alone / overlapping another fault: "
+        + " / ".join(
+            _share([s for s in r.faults if above_limits(s.draw) and s.draw.overlap is o])
+            for o in (False, True)
+        ),
         f"unexplained pages / 1,000 healthy GPU-h: {'n/a' if rate is None else f'{rate:.2f}'} "
         f"(target <= 1; {r.healthy_gpu_hours:.0f} healthy GPU-h)",
         f"draws the simulator refused (drawn again): {r.redraws}",
         f"random eval passed (recall above the limits, unexplained pages): "
         f"{'yes' if r.passed else 'NO'}",
     ]
+
+
+def _share(items: Sequence[Scored]) -> str:
+    return f"{sum(s.found for s in items)}/{len(items)}"
 
 
 def _above_by_kind(r: LimitsReport) -> dict[str, tuple[int, int]]:

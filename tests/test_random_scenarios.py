@@ -199,6 +199,8 @@ def test_limits_report_joins_outcomes_by_scenario_and_fault() -> None:
     assert [s.found for s in report.faults] == [d is draws[0] for d in draws]
     data = report.to_json()
     assert data["overall"]["n"] == len(draws) and "detectable" in data
+    text = "\n".join(limits.summary_lines(report))
+    assert "alone / overlapping another fault" in text and "unexplained pages" in text
 
 
 # -- docs and the command -------------------------------------------------------------------
