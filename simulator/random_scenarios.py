@@ -61,7 +61,7 @@ DISTRIBUTIONS: dict[str, tuple[Any, str]] = {
     "rps_log": ((2.0, 20.0), "requests per second per service, log-uniform"),
     "diurnal_amplitude": ((0.0, 0.4), "of the daily load pattern, uniform"),
     "training": (0.4, "probability a training job runs on one rack"),
-    "noise": ((0.5, 2.0), "traffic jitter and sensor read noise, x the calibrated"),
+    "noise": ((1.0, 2.0), "traffic jitter and sensor read noise, x the calibrated (not below)"),
 }
 
 _D = {key: value for key, (value, _) in DISTRIBUTIONS.items()}
