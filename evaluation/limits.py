@@ -9,7 +9,7 @@ module joins each fault's outcome with what was drawn for it
   (``page_delay_s`` set) and the right top cause (``top1``).  Recall = found / faults.
 * **Bins**: relative magnitude by ``MAGNITUDE_EDGES`` (faults of kinds with no magnitude
   in a row of their own, "none"), duration by ``DURATION_EDGES`` (s); a bin holds
-  ``[low, high)``.
+  ``[low, high)``, the last ``[low, high]``.
 * **Where recall falls to 0.5**: over faults above their kind's *duration* limit
   (``DETECTABLE``), recall per magnitude bin; walking down from the biggest bin, the first
   bin with recall >= 0.5 followed by one below it; the crossing is interpolated linearly in
@@ -31,8 +31,8 @@ from hbmwatch.evaluation.incident_scoring import IncidentOutcome
 from hbmwatch.simulator.random_scenarios import DETECTABLE, FaultDraw
 from hbmwatch.simulator.scenario import FaultKind
 
-MAGNITUDE_EDGES = (0.1, 0.2, 0.35, 0.5, 0.7, 1.0, 1.5, 3.01)
-DURATION_EDGES = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 7201.0)
+MAGNITUDE_EDGES = (0.1, 0.2, 0.35, 0.5, 0.7, 1.0, 1.5, 3.0)
+DURATION_EDGES = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 7200.0)
 MIN_PER_KIND = 12  # faults of a kind before it gets its own table
 TARGET_RECALL = 0.9
 
@@ -63,7 +63,7 @@ def bin_of(value: float | None, edges: Sequence[float]) -> int | None:
     for i in range(len(edges) - 1):
         if edges[i] <= value < edges[i + 1]:
             return i
-    return None
+    return len(edges) - 2 if value == edges[-1] else None
 
 
 def labels(edges: Sequence[float], unit: str = "") -> list[str]:

@@ -169,6 +169,12 @@ def test_binning_and_the_half_recall_crossing() -> None:
     for i, (dur, hit) in enumerate([(20, 0), (45, 0), (90, 0), (200, 1), (400, 1)]):
         items.append(_scored("power_cap", 1.2, float(dur), bool(hit), 100 + i))
     table = limits.limit_table("power_cap", items)
+    assert limits.bin_of(7200.0, DURATION_EDGES) == len(DURATION_EDGES) - 2  # the longest drawn
+    assert limits.bin_of(3.0, MAGNITUDE_EDGES) == len(MAGNITUDE_EDGES) - 2
+    assert (
+        limits.bin_of(0.05, MAGNITUDE_EDGES) is None
+        and limits.bin_of(None, MAGNITUDE_EDGES) is None
+    )
     cols = {label: j for j, label in enumerate(limits.labels(DURATION_EDGES, " s"))}
     rows = {label: j for j, label in enumerate(limits.labels(MAGNITUDE_EDGES))}
     assert table.cells[rows["0.35-0.5"]][cols["600-1800 s"]] == (1, 2)
