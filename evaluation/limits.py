@@ -63,7 +63,7 @@ def bin_of(value: float | None, edges: Sequence[float]) -> int | None:
     for i in range(len(edges) - 1):
         if edges[i] <= value < edges[i + 1]:
             return i
-    return len(edges) - 2 if value == edges[-1] else None
+    return len(edges) - 2 if math.isclose(value, edges[-1]) else None
 
 
 def labels(edges: Sequence[float], unit: str = "") -> list[str]:
