@@ -55,7 +55,9 @@ def _root(
 
 @app.command("eval")
 def eval_(
-    scenarios: Annotated[list[str], typer.Argument(help="Bundled scenario names or TOML files.")],
+    scenarios: Annotated[
+        list[str] | None, typer.Argument(help="Bundled scenario names or TOML files.")
+    ] = None,
     seed: Annotated[
         list[int] | None,
         typer.Option(help="Seed to run (repeat for several); default: each scenario's own."),
@@ -87,6 +89,21 @@ def eval_(
             min=0, max=3600, help="Seconds between exporter page refreshes (overrides scenarios)."
         ),
     ] = None,
+    random: Annotated[
+        int | None,
+        typer.Option(
+            "--random",
+            min=1,
+            help="Draw this many scenarios from --seed instead (detection "
+            "limits by magnitude and duration).",
+        ),
+    ] = None,
+    save_scenarios: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --random: write each draw here as TOML (rerun: hbmwatch eval FILE)."
+        ),
+    ] = None,
 ) -> None:
     """Run scenarios through collector, store, detectors, alerting and delivery; score the
     findings and the incidents and pages against ground truth."""
@@ -94,8 +111,9 @@ def eval_(
     from hbmwatch.evaluation import run as evaluation
 
     log.configure("warning")
-    seeds: list[int | None] = list(seed) if seed else [None]
-    total = len(scenarios) * len(seeds)
+    _check_eval_args(scenarios, random, seed, save_scenarios)
+    seeds: list[int | None] = list(seed) if seed and random is None else [None]
+    total = random or len(scenarios or []) * len(seeds)
     console.print(f"[bold]hbmwatch eval[/bold]: {total} run(s), {jobs} at a time")
 
     def done(r: evaluation.RunResult) -> None:
@@ -107,8 +125,21 @@ def eval_(
     if start_hour is not None and random_start:
         console.print("[red]error:[/red] --start-hour and --random-start: choose one")
         raise typer.Exit(2)
+    options = dict(start_hour=start_hour, random_start=random_start, http_scrape=http_scrape,
+                   exporter_refresh=exporter_refresh)  # fmt: skip
+    if random is not None and seed:
+        from hbmwatch.cli.eval_random import run_random
+
+        try:
+            passed = run_random(random, seed[0], jobs=jobs, duration=duration,
+                                json_out=json_out, save_dir=save_scenarios, done=done,
+                                **options)  # fmt: skip
+        except (HbmwatchError, ValueError, OSError) as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from exc
+        raise typer.Exit(0 if passed else 1)
     try:
-        results = evaluation.evaluate(scenarios, seeds, jobs=jobs, duration_s=duration,
+        results = evaluation.evaluate(scenarios or [], seeds, jobs=jobs, duration_s=duration,
                                       done=done, start_hour=start_hour,
                                       random_start=random_start,
                                       http_scrape=http_scrape,
@@ -128,6 +159,23 @@ def eval_(
         json_out.write_text(json.dumps(data, indent=2) + "\n")
         console.print(f"report written to {json_out}")
     raise typer.Exit(0 if report.passed and paged.passed else 1)
+
+
+def _check_eval_args(scenarios: list[str] | None, random: int | None, seed: list[int] | None,
+                     save_scenarios: Path | None) -> None:  # fmt: skip
+    """Scenario names or ``--random``, not both nor neither; ``--random`` takes one seed."""
+    problem = None
+    if scenarios and random is not None:
+        problem = "give scenario names or --random N, not both"
+    elif not scenarios and random is None:
+        problem = "give scenario names (or TOML files), or --random N --seed S"
+    elif random is not None and len(seed or []) != 1:
+        problem = "--random N needs exactly one --seed S (the draws come from it)"
+    elif save_scenarios is not None and random is None:
+        problem = "--save-scenarios goes with --random"
+    if problem:
+        console.print(f"[red]error:[/red] {problem}")
+        raise typer.Exit(2)
 
 
 @app.command("score-file")

@@ -241,10 +241,10 @@ def hourly_progress(label: str, stream: TextIO | None = None) -> Callable[[float
 
 
 def _run_one(
-    source: str, seed: int | None, duration_s: float | None, hour: float | None = None,
+    source: str | Scenario, seed: int | None, duration_s: float | None, hour: float | None = None,
     random_hour: bool = False, http_scrape: bool = False, exporter_refresh: float | None = None,
 ) -> RunResult:  # fmt: skip
-    scenario = load_scenario(source)
+    scenario = source if isinstance(source, Scenario) else load_scenario(source)
     if exporter_refresh is not None:
         scenario = scenario.with_exporter_refresh(exporter_refresh)
     seed_used = scenario.seed if seed is None else seed
@@ -264,7 +264,7 @@ def _quiet_worker() -> None:
 
 
 def evaluate(
-    sources: Sequence[str],
+    sources: Sequence[str | Scenario],
     seeds: Sequence[int | None],
     *,
     jobs: int = 1,
@@ -275,13 +275,15 @@ def evaluate(
     http_scrape: bool = False,
     exporter_refresh: float | None = None,
 ) -> list[RunResult]:
-    """Every scenario at every seed, ``jobs`` runs at a time in worker processes; each run
+    """Every scenario (a name, a file or a ``Scenario``: ``eval --random``'s draws) at every
+    seed, ``jobs`` runs at a time in worker processes; each run
     starts at ``start_hour`` of the simulated day, or a seeded random hour; ``http_scrape``
     scrapes the fleet over loopback HTTP (the default is in-process, same pages);
     ``exporter_refresh`` makes every node's exporter refresh its page that often (s)."""
     plan = [(s, seed) for s in sources for seed in seeds]
     for source, _ in plan:
-        load_scenario(source)  # a bad name or file fails before any run starts
+        if not isinstance(source, Scenario):
+            load_scenario(source)  # a bad name or file fails before any run starts
     start_time("check", None, hour=start_hour)  # a bad hour fails before any run starts
     when = (start_hour, random_start, http_scrape, exporter_refresh)
     results: list[RunResult] = []

@@ -144,9 +144,9 @@ class Exposition:
     def readings(self, held: Readings | None = None) -> Readings:
         """Canonical values per GPU, rounded as the sensors round them."""
         p = self.physics
-        noise = p.sensor_rng.normal
-        stacks = p.stack_temp + noise(0, SENSOR_NOISE_C, p.stack_temp.shape)
-        hotspot = p.hot_temp + noise(0, SENSOR_NOISE_C, p.hot_temp.shape)
+        noise, sd = p.sensor_rng.normal, SENSOR_NOISE_C * self.fleet.scenario.noise
+        stacks = p.stack_temp + noise(0, sd, p.stack_temp.shape)
+        hotspot = p.hot_temp + noise(0, sd, p.hot_temp.shape)
         r = {
             "gpu_hotspot_temperature_celsius": np.round(hotspot),
             "gpu_memory_temperature_celsius": np.round(np.nanmax(stacks, axis=1)),

@@ -1,12 +1,14 @@
 """Faults as time-varying effects on the physics, and the ground truth they leave behind.
 
-A fault's intensity is 0 before its onset, rises linearly over its ramp to 1, stays 1 until
-its end and is 0 after: what it did to temperatures then relaxes physically.
+A fault's intensity is 0 before its onset, rises over its ramp to 1 (linearly unless its
+``shape`` says otherwise), stays 1 until its end and is 0 after: what it did to
+temperatures then relaxes physically.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,30 @@ def intensity(fault: Fault, t: float) -> float:
         return 0.0
     if fault.ramp <= 0:
         return 1.0
-    return min(1.0, (t - fault.onset) / fault.ramp)
+    u = min(1.0, (t - fault.onset) / fault.ramp)
+    return u if fault.shape == "linear" else ramp_shape(fault.shape, u)
+
+
+#: The ``exponential`` shape's rate: at half the ramp it has reached 12% of the way.
+EXP_RATE = 4.0
+STEPS = 4
+
+
+def ramp_shape(shape: str, u: float) -> float:
+    """The fraction of full intensity ``u`` (0..1) of the way through a ramp.
+
+    >>> [round(ramp_shape(s, 0.5), 3) for s in ("linear", "exponential", "s_curve", "step")]
+    [0.5, 0.119, 0.5, 0.75]
+    """
+    match shape:
+        case "exponential":
+            return math.expm1(EXP_RATE * u) / math.expm1(EXP_RATE)
+        case "s_curve":
+            return u * u * (3.0 - 2.0 * u)
+        case "step":
+            return min(1.0, (math.floor(u * STEPS) + 1) / STEPS)
+        case _:
+            return u
 
 
 @dataclass

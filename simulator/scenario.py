@@ -22,6 +22,8 @@ from hbmwatch.validation import ConfigError, parse_duration
 
 BUNDLED = Path(__file__).resolve().parent / "scenarios"
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+RampShape = Literal["linear", "exponential", "s_curve", "step"]
+RAMP_SHAPES: tuple[str, ...] = RampShape.__args__  # type: ignore[attr-defined]
 
 
 class _Strict(BaseModel):
@@ -228,6 +230,10 @@ class Fault(_Strict):
     target: Target
     onset: Duration
     ramp: Duration = 0.0
+    #: How the intensity rises over the ramp (``faults.intensity``): ``linear`` (the
+    #: default), ``exponential`` (slow, then fast), ``s_curve`` (smoothstep) or ``step``
+    #: (four equal jumps, the first at onset).
+    shape: RampShape = "linear"
     end: Duration | None = None
     magnitude: float | None = None
     #: The findings this fault must raise, instead of its kind's (``FAULT_SPECS``).  A
@@ -270,6 +276,8 @@ class Scenario(_Strict):
     #: same bytes, as dcgm-exporter (``-c 30000`` by default) and DME's cache do.  0: every
     #: step.  A rack's ``exporter_refresh`` overrides it.
     exporter_refresh: Duration = Field(0.0, ge=0, le=3600)
+    #: Scales the GPUs' traffic jitter and the sensors' read noise (1: as calibrated).
+    noise: float = Field(1.0, ge=0, le=5)
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:

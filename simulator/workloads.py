@@ -70,6 +70,7 @@ class Workloads:
             self.training_gpus[list(job.gpus)] = True
         # Batch sizes and sequence lengths vary from second to second: traffic jitter.
         self.jitter_rng = np.random.default_rng([seed, 6])
+        self.jitter_sd = JITTER * fleet.scenario.noise
         self.jitter = np.zeros((2, fleet.size))
 
     def load(self, unix: float) -> float:
@@ -81,7 +82,9 @@ class Workloads:
         n = self.fleet.size
         load = self.load(unix)
         keep = math.exp(-dt / JITTER_SECONDS)
-        noise = self.jitter_rng.normal(0.0, JITTER * math.sqrt(1 - keep**2), self.jitter.shape)
+        noise = self.jitter_rng.normal(
+            0.0, self.jitter_sd * math.sqrt(1 - keep**2), self.jitter.shape
+        )
         self.jitter = self.jitter * keep + noise
         per_gpu = np.zeros(n)
         np.add.at(per_gpu, self.service_gpu, 1.0 / self.partitions)
