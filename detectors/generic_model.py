@@ -19,9 +19,10 @@ Per sample, in the series' own units and cadence (nothing here is in seconds or 
    of surprises (like HTM's anomaly likelihood): a series that is always jumpy scores its
    jumps low, and a second jump soon after a first is less surprising than the first.
 
-The score is the Gaussian tail of that judgement on a log scale: ``-log10(tail) / 10``, so
-0.5 is a 1-in-100,000 surprise for this series; ``alert_score`` is where a sample is called
-anomalous.
+The score is the Gaussian tail of that judgement on a log scale, ``d = -log10(tail)``,
+squashed into [0, 1) as ``d / (d + 5)``: 0.5 is a 1-in-100,000 surprise for this series,
+and the score never saturates, so the largest surprises still rank.  ``alert_score`` is
+where a sample is called anomalous.
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ class SeriesConfig:
     cusum_k: float = 1.0
     cusum_h: float = 12.0
     surprise_cap: float = 12.0
-    max_decades: float = 10.0
+    half_decades: float = 5.0
+    long_weight: float = 0.0
+    record_half_life: float = 0.0
+    record_power: float = 2.0
     seasonal_min_days: float = 1.0
     seasonal_max_step_s: float = 1_800.0
 
@@ -88,7 +92,7 @@ class SeriesModel:
         self.down = Cusum(k=c.cusum_k)
         self.table = EntityTable(
             {"n_": 0.0, "last_ms_": np.nan, "step_s_": np.nan, "mean_": 0.0, "spread_": 0.0,
-             "short_": 0.0, "s_mean_": 0.0, "s_var_": 0.0}
+             "short_": 0.0, "s_mean_": 0.0, "s_var_": 0.0, "record_": 0.0}
         )  # fmt: skip
 
     def rows(self, keys: Sequence[str]) -> np.ndarray:
@@ -113,6 +117,9 @@ class SeriesModel:
         down = self.down.update(rows, -z)
         shift = np.fmax(up, down) >= self.config.cusum_h
         surprise = np.fmax(np.abs(np.nan_to_num(z)), np.fmax(up, down) / self.config.cusum_h * 4)
+        if self.config.long_weight:
+            far = np.abs(xa - s["mean_"]) / np.fmax(s["spread_"] * 1.25, floor)
+            surprise = np.fmax(surprise, self.config.long_weight * np.nan_to_num(far))
         score = self._judge(s, np.fmin(surprise, self.config.surprise_cap), ok)
         self._learn(rows, s, x, xa, t_ms, clock, floor, ok, shift)
         return np.where(ok, score, np.nan)
@@ -131,7 +138,14 @@ class SeriesModel:
         sd = np.sqrt(s["s_var_"]) + 0.05
         z = (short - s["s_mean_"]) / sd
         decades = -log_ndtr(-z) / LN10
-        score = np.clip(decades / c.max_decades, 0.0, 1.0)
+        decades = np.fmax(decades, 0.0)
+        score = decades / (decades + c.half_decades)
+        if c.record_half_life:
+            # A surprise no larger than the recent largest is a repeat, not news.
+            ratio = np.clip(short / np.fmax(s["record_"], 1e-9), 0.0, 1.0)
+            score = score * ratio**c.record_power
+            fade = np.exp(-np.log(2.0) / c.record_half_life)
+            s["record_"] = np.where(ok, np.fmax(short, s["record_"] * fade), s["record_"])
         score = np.where(s["n_"] < 2 * c.warmup, 0.0, score)
         b = _weight(s["n_"], c.surprise_half_life)
         delta = short - s["s_mean_"]

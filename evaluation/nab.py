@@ -56,9 +56,7 @@ def find_files(data_dir: Path) -> list[tuple[str, Path]]:
         (p.parent.name, p) for p in data_dir.glob("*/*.csv") if p.is_file()
     )  # fmt: skip
     if not found:
-        raise HbmwatchError(
-            f"{data_dir}: no <category>/<file>.csv inside; not NAB's data layout"
-        )
+        raise HbmwatchError(f"{data_dir}: no <category>/<file>.csv inside; not NAB's data layout")
     return found
 
 
@@ -117,9 +115,7 @@ def write_result(out_dir: Path, f: NabFile, scores: np.ndarray) -> Path:
     return target
 
 
-def run(
-    data_dir: Path, out_dir: Path, progress: Callable[[str], None] | None = None
-) -> list[Path]:
+def run(data_dir: Path, out_dir: Path, progress: Callable[[str], None] | None = None) -> list[Path]:
     """Score every NAB file in ``data_dir`` and write NAB's result files under ``out_dir``."""
     files = []
     for n, (category, path) in enumerate(find_files(data_dir), start=1):
