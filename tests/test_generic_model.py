@@ -1,0 +1,102 @@
+"""The generic series model: causal, resumable, unit- and cadence-free scores in [0, 1]."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from hbmwatch.detectors.generic_model import SeriesModel, score_series
+
+T0 = 1_700_000_000_000
+STEP = 300_000  # NAB's 5 minutes
+
+
+def _noisy(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return 50.0 + np.cumsum(rng.normal(0, 0.05, n)) + rng.normal(0, 1.0, n)
+
+
+def _times(n: int, step: int = STEP) -> np.ndarray:
+    return T0 + np.arange(n, dtype=float) * step
+
+
+def test_scores_lie_in_unit_interval_and_nan_stays_nan() -> None:
+    x = _noisy(600)
+    x[[100, 400]] = np.nan
+    s = score_series(_times(600), x)
+    assert np.isnan(s[[100, 400]]).all()
+    rest = np.delete(s, [100, 400])
+    assert ((rest >= 0) & (rest <= 1)).all()
+
+
+def test_a_file_cut_short_scores_identically_up_to_the_cut() -> None:
+    x = _noisy(800)
+    x[500] += 15
+    full = score_series(_times(800), x)
+    cut = score_series(_times(520), x[:520])
+    assert np.array_equal(full[:520], cut)
+
+
+def test_state_round_trip_mid_series_gives_identical_scores() -> None:
+    n, half = 700, 400
+    x = _noisy(n)
+    x[550:] += 8  # a level shift after the restart
+    t = _times(n)
+    whole = score_series(t, x)
+    first = SeriesModel()
+    score_series(t[:half], x[:half], first)
+    resumed = SeriesModel()
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert np.array_equal(score_series(t[half:], x[half:], resumed), whole[half:])
+
+
+def test_rows_step_together_with_their_own_timestamps() -> None:
+    """Many series in one model, each with its own clock and gaps, score as they would alone."""
+    a, b = _noisy(300, 1), _noisy(300, 2) * 1e3
+    ta, tb = _times(300), _times(300, 1_000) + 12_345
+    b[50:60] = np.nan
+    m = SeriesModel()
+    rows = m.rows(["a", "b"])
+    together = np.array(
+        [m.update(rows, np.array([ta[i], tb[i]]), np.array([a[i], b[i]])) for i in range(300)]
+    )
+    assert np.array_equal(together[:, 0], score_series(ta, a))
+    assert np.array_equal(together[:, 1], score_series(tb, b), equal_nan=True)
+
+
+def test_scores_do_not_depend_on_units_or_cadence() -> None:
+    x = _noisy(500)
+    x[450] += 10
+    base = score_series(_times(500), x)
+    assert np.allclose(score_series(_times(500), x * 1e4 + 3e5), base, atol=1e-6)
+    assert np.allclose(score_series(_times(500, 1_000), x), base, atol=1e-9)
+
+
+def test_a_spike_alerts_and_noise_does_not() -> None:
+    x = _noisy(1000)
+    x[900] += 12
+    s = score_series(_times(1000), x)
+    assert s[900] >= SeriesModel.alert_score
+    assert (np.delete(s, 900) < SeriesModel.alert_score).all()
+
+
+def test_a_level_shift_alerts_at_the_shift_then_becomes_normal() -> None:
+    x = _noisy(1500)
+    x[1000:] += 10
+    s = score_series(_times(1500), x)
+    assert s[1000:1003].max() >= SeriesModel.alert_score
+    assert (s[1100:] < SeriesModel.alert_score).all()
+
+
+def test_a_learned_daily_shape_is_not_an_anomaly_but_a_wrong_hour_is() -> None:
+    """After days of the same daily ramp (5-minute samples), the ramp scores low; the day
+    value at night is flagged."""
+    n = 288 * 5
+    hour = (np.arange(n) * 5 / 60) % 24
+    x = 10 + 8 * ((hour > 8) & (hour < 20)) + np.random.default_rng(3).normal(0, 0.3, n)
+    x[288 * 4 + 24] = 18.0  # 02:00 on day five, the day's level
+    s = score_series(_times(n), x)
+    day5 = s[288 * 4 :]
+    assert day5[24] >= SeriesModel.alert_score
+    assert (np.delete(day5, 24) < SeriesModel.alert_score).all()
