@@ -54,16 +54,10 @@ class SeriesConfig:
     floor_spread: float = 0.05
     floor_level: float = 1e-3
     cusum_k: float = 1.0
-    cusum_h: float = 12.0
+    cusum_h: float = 150.0
     surprise_cap: float = 12.0
     half_decades: float = 5.0
-    long_weight: float = 0.0
-    log_surprise: bool = False
-    markov_weight: float = 0.0
-    markov_bins: int = 12
-    markov_half_life: float = 3_000.0
-    markov_prior: float = 0.1
-    record_half_life: float = 0.0
+    record_half_life: float = 1_000.0
     record_power: float = 2.0
     seasonal_min_days: float = 1.0
     seasonal_max_step_s: float = 1_800.0
@@ -97,9 +91,7 @@ class SeriesModel:
         self.down = Cusum(k=c.cusum_k)
         self.table = EntityTable(
             {"n_": 0.0, "last_ms_": np.nan, "step_s_": np.nan, "mean_": 0.0, "spread_": 0.0,
-             "short_": 0.0, "s_mean_": 0.0, "s_var_": 0.0, "record_": 0.0, "prev_bin_": -1.0,
-             "trans_": 0.0},
-            {"trans_": c.markov_bins * c.markov_bins},
+             "short_": 0.0, "s_mean_": 0.0, "s_var_": 0.0, "record_": 0.0}
         )  # fmt: skip
 
     def rows(self, keys: Sequence[str]) -> np.ndarray:
@@ -124,15 +116,7 @@ class SeriesModel:
         down = self.down.update(rows, -z)
         shift = np.fmax(up, down) >= self.config.cusum_h
         surprise = np.fmax(np.abs(np.nan_to_num(z)), np.fmax(up, down) / self.config.cusum_h * 4)
-        if self.config.long_weight:
-            far = np.abs(xa - s["mean_"]) / np.fmax(s["spread_"] * 1.25, floor)
-            surprise = np.fmax(surprise, self.config.long_weight * np.nan_to_num(far))
-        if self.config.markov_weight:
-            novel = self._transition(rows, s, x, ok)
-            surprise = np.fmax(surprise, self.config.markov_weight * novel)
         surprise = np.fmin(surprise, self.config.surprise_cap)
-        if self.config.log_surprise:
-            surprise = np.log1p(surprise)
         score = self._judge(s, surprise, ok)
         self._learn(rows, s, x, xa, t_ms, clock, floor, ok, shift)
         return np.where(ok, score, np.nan)
@@ -142,31 +126,6 @@ class SeriesModel:
         c = self.config
         rel = np.fmax(c.floor_spread * s["spread_"], c.floor_level * np.abs(s["mean_"]))
         return np.fmax(rel, 1e-9)
-
-    def _transition(
-        self, rows: np.ndarray, s: dict[str, np.ndarray], x: np.ndarray, ok: np.ndarray
-    ) -> np.ndarray:
-        """Surprise (nats) of the step from the last value's band to this one's: a pattern
-        never seen (a periodic series that stops, a new rhythm) even at ordinary values."""
-        c = self.config
-        bins = c.markov_bins
-        u = (x - s["mean_"]) / np.fmax(1.25 * s["spread_"], self._floor(s))
-        now = np.clip(np.floor((np.nan_to_num(u) + 3.0) / 6.0 * bins), 0, bins - 1).astype(int)
-        prev = s["prev_bin_"].astype(int)
-        have = ok & (prev >= 0)
-        trans = s["trans_"]
-        idx = np.arange(len(rows))
-        block = trans.reshape(len(rows), bins, bins)[idx, np.maximum(prev, 0)]
-        p = (block[idx, now] + c.markov_prior) / (block.sum(axis=1) + c.markov_prior * bins)
-        novel = np.where(have & (s["n_"] >= c.warmup), -np.log(p), 0.0)
-        fade = np.exp(-np.log(2.0) / c.markov_half_life)
-        block = block * np.where(have, fade, 1.0)[:, None]
-        block[idx, now] += np.where(have, 1.0, 0.0)
-        full = trans.reshape(len(rows), bins, bins)
-        full[idx, np.maximum(prev, 0)] = block
-        s["trans_"] = full.reshape(len(rows), -1)
-        s["prev_bin_"] = np.where(ok, now, s["prev_bin_"]).astype(float)
-        return novel  # type: ignore[no-any-return]
 
     def _judge(self, s: dict[str, np.ndarray], surprise: np.ndarray, ok: np.ndarray) -> np.ndarray:
         """Surprise against this series' own history of surprise -> score in [0, 1]."""
@@ -178,12 +137,11 @@ class SeriesModel:
         decades = -log_ndtr(-z) / LN10
         decades = np.fmax(decades, 0.0)
         score = decades / (decades + c.half_decades)
-        if c.record_half_life:
-            # A surprise no larger than the recent largest is a repeat, not news.
-            ratio = np.clip(short / np.fmax(s["record_"], 1e-9), 0.0, 1.0)
-            score = score * ratio**c.record_power
-            fade = np.exp(-np.log(2.0) / c.record_half_life)
-            s["record_"] = np.where(ok, np.fmax(short, s["record_"] * fade), s["record_"])
+        # A surprise no larger than the recent largest is a repeat, not news.
+        ratio = np.clip(short / np.fmax(s["record_"], 1e-9), 0.0, 1.0)
+        score = score * ratio**c.record_power
+        fade = np.exp(-np.log(2.0) / c.record_half_life)
+        s["record_"] = np.where(ok, np.fmax(short, s["record_"] * fade), s["record_"])
         score = np.where(s["n_"] < 2 * c.warmup, 0.0, score)
         b = _weight(s["n_"], c.surprise_half_life)
         delta = short - s["s_mean_"]

@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 
-from hbmwatch.detectors.generic_model import SeriesModel, score_series
+from hbmwatch.detectors.generic_model import SeriesConfig, SeriesModel, score_series
 
 T0 = 1_700_000_000_000
+T0_DAY = 1_699_920_000_000  # a midnight (UTC)
 STEP = 300_000  # NAB's 5 minutes
 
 
@@ -66,11 +67,13 @@ def test_rows_step_together_with_their_own_timestamps() -> None:
 
 
 def test_scores_do_not_depend_on_units_or_cadence() -> None:
-    x = _noisy(500)
-    x[450] += 10
-    base = score_series(_times(500), x)
-    assert np.allclose(score_series(_times(500), x * 1e4 + 3e5), base, atol=1e-6)
-    assert np.allclose(score_series(_times(500, 1_000), x), base, atol=1e-9)
+    """Less than a day at 5 minutes (no daily profile yet): the same at 1 s, in other units."""
+    x = _noisy(240)
+    x[220] += 10
+    base = score_series(_times(240), x)
+    assert base[220] >= SeriesModel.alert_score
+    assert np.allclose(score_series(_times(240), x * 1e4 + 3e5), base, atol=1e-6)
+    assert np.allclose(score_series(_times(240, 1_000), x), base, atol=1e-9)
 
 
 def test_a_spike_alerts_and_noise_does_not() -> None:
@@ -90,13 +93,14 @@ def test_a_level_shift_alerts_at_the_shift_then_becomes_normal() -> None:
 
 
 def test_a_learned_daily_shape_is_not_an_anomaly_but_a_wrong_hour_is() -> None:
-    """After days of the same daily ramp (5-minute samples), the ramp scores low; the day
-    value at night is flagged."""
-    n = 288 * 5
+    """After days of the same daily steps (5-minute samples), the steps score low and the
+    day's value at night stands out; without the profile it is the other way round."""
+    n = 288 * 8
     hour = (np.arange(n) * 5 / 60) % 24
-    x = 10 + 8 * ((hour > 8) & (hour < 20)) + np.random.default_rng(3).normal(0, 0.3, n)
-    x[288 * 4 + 24] = 18.0  # 02:00 on day five, the day's level
-    s = score_series(_times(n), x)
-    day5 = s[288 * 4 :]
-    assert day5[24] >= SeriesModel.alert_score
-    assert (np.delete(day5, 24) < SeriesModel.alert_score).all()
+    x = 10 + 8 * ((hour >= 8) & (hour < 20)) + np.random.default_rng(3).normal(0, 0.3, n)
+    x[288 * 7 + 24] = 18.0  # 02:00 on day eight, the day's level
+    t = T0_DAY + np.arange(n, dtype=float) * STEP
+    last = score_series(t, x)[288 * 7 :]
+    assert last[24] > 4 * np.delete(last, 24).max()
+    flat = score_series(t, x, SeriesModel(SeriesConfig(seasonal_min_days=1e9)))[288 * 7 :]
+    assert flat[24] < np.delete(flat, 24).max()
