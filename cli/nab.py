@@ -22,6 +22,10 @@ def nab(
         Path | None,
         typer.Option(help="A NAB checkout: run its scorer on the results and print the scores."),
     ] = None,
+    half: Annotated[
+        str | None,
+        typer.Option(help="Only the files of even or odd sorted index (development, held out)."),
+    ] = None,
 ) -> None:
     """Score every NAB file with one fixed SeriesModel(); write OUT/hbmwatch/<category>/...
 
@@ -33,7 +37,7 @@ def nab(
 
     started = time.process_time()
     try:
-        written = bench.run(data_dir, out, progress=lambda m: print(m, file=sys.stderr))
+        written = bench.run(data_dir, out, lambda m: print(m, file=sys.stderr), half)
     except HbmwatchError as exc:
         raise fail(exc) from exc
     cpu = time.process_time() - started
@@ -41,7 +45,7 @@ def nab(
     if nab_dir is None:
         return
     try:
-        scores = bench.nab_scores(nab_dir, data_dir, out)
+        scores = bench.nab_scores(nab_dir, data_dir, out, half)
     except HbmwatchError as exc:
         raise fail(exc) from exc
     for profile, value in scores.items():

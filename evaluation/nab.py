@@ -48,16 +48,24 @@ class NabFile:
         return f"{self.category}/{self.name}"
 
 
-def find_files(data_dir: Path) -> list[tuple[str, Path]]:
-    """``(category, path)`` of every CSV one folder below ``data_dir``, sorted; or an error."""
+HALVES = ("even", "odd")
+
+
+def find_files(data_dir: Path, half: str | None = None) -> list[tuple[str, Path]]:
+    """``(category, path)`` of every CSV one folder below ``data_dir``, sorted; or an error.
+
+    ``half`` keeps the files of even or odd index in that order: the development and the
+    held-out halves (docs/detection.md), so a tuned configuration can be checked on files
+    it was not tuned on.
+    """
     if not data_dir.is_dir():
         raise HbmwatchError(f"{data_dir}: not a folder (NAB's data/: category folders of CSVs)")
-    found = sorted(
-        (p.parent.name, p) for p in data_dir.glob("*/*.csv") if p.is_file()
-    )  # fmt: skip
+    if half is not None and half not in HALVES:
+        raise HbmwatchError(f"half {half!r}: use one of {', '.join(HALVES)}")
+    found = sorted((p.parent.name, p) for p in data_dir.glob("*/*.csv") if p.is_file())
     if not found:
         raise HbmwatchError(f"{data_dir}: no <category>/<file>.csv inside; not NAB's data layout")
-    return found
+    return found if half is None else found[HALVES.index(half) :: 2]
 
 
 def read_file(category: str, path: Path) -> NabFile:
@@ -115,10 +123,16 @@ def write_result(out_dir: Path, f: NabFile, scores: np.ndarray) -> Path:
     return target
 
 
-def run(data_dir: Path, out_dir: Path, progress: Callable[[str], None] | None = None) -> list[Path]:
-    """Score every NAB file in ``data_dir`` and write NAB's result files under ``out_dir``."""
+def run(
+    data_dir: Path,
+    out_dir: Path,
+    progress: Callable[[str], None] | None = None,
+    half: str | None = None,
+) -> list[Path]:
+    """Score every NAB file in ``data_dir`` (or one ``half``) and write NAB's result files
+    under ``out_dir``."""
     files = []
-    for n, (category, path) in enumerate(find_files(data_dir), start=1):
+    for n, (category, path) in enumerate(find_files(data_dir, half), start=1):
         files.append(read_file(category, path))
         if progress:
             progress(f"read {n} files ({files[-1].relative})")
@@ -133,18 +147,27 @@ def run(data_dir: Path, out_dir: Path, progress: Callable[[str], None] | None = 
 _FINAL = re.compile(r"Final score for '(\w+)' detector on '(\w+)' profile = (-?[\d.]+)")
 
 
-def nab_scores(nab_dir: Path, data_dir: Path, results_dir: Path) -> dict[str, float]:
+def nab_scores(
+    nab_dir: Path, data_dir: Path, results_dir: Path, half: str | None = None
+) -> dict[str, float]:
     """NAB's own scorer on ``results_dir``: the three normalised scores, by profile.
 
     Copies NAB's null-detector results for the files of ``data_dir`` beside ours (the
-    normalisation's baseline), keeps only those files' windows, and runs NAB's ``run.py``
+    normalisation's baseline), keeps only those files' windows (with ``half``, only that
+    half's files, copied to ``results_dir/data``: NAB scores a folder), and runs ``run.py``
     with ``nab_dir/.venv/bin/python`` if there is one (NAB wants pandas < 2), else this one.
     ``--optimize`` picks one threshold per detector and profile over the whole corpus, as
     for every entry of NAB's scoreboard.
     """
     if not (nab_dir / "run.py").is_file():
         raise HbmwatchError(f"{nab_dir}: no run.py; not a NAB checkout")
-    relative = [f"{c}/{p.name}" for c, p in find_files(data_dir)]
+    chosen = find_files(data_dir, half)
+    if half is not None:
+        data_dir = results_dir / "data"
+        for category, path in chosen:
+            (data_dir / category).mkdir(parents=True, exist_ok=True)
+            (data_dir / category / path.name).write_bytes(path.read_bytes())
+    relative = [f"{c}/{p.name}" for c, p in chosen]
     for rel in relative:
         category, name = rel.split("/")
         null = nab_dir / "results" / "null" / category / f"null_{name}"

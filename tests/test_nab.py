@@ -86,3 +86,15 @@ def test_nab_refuses_a_file_without_timestamp_value(tmp_path: Path) -> None:
     (tmp_path / "cat" / "x.csv").write_text("time,v\n2014-01-01 00:00:00,1\n")
     run = CliRunner().invoke(app, ["nab", str(tmp_path), "--out", str(tmp_path / "o")])
     assert run.exit_code == 2 and "not 'timestamp,value'" in run.output
+
+
+def test_nab_half_keeps_every_other_file(tmp_path: Path) -> None:
+    """``--half even|odd``: the development and held-out halves, by sorted index."""
+    run = CliRunner().invoke(
+        app, ["nab", str(NAB / "data"), "--half", "odd", "--out", str(tmp_path)]
+    )
+    assert run.exit_code == 0, run.output
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.csv"))
+    assert written == ["hbmwatch/realKnownCause/hbmwatch_ec2_request_latency_system_failure.csv"]
+    bad = CliRunner().invoke(app, ["nab", str(NAB / "data"), "--half", "third"])
+    assert bad.exit_code == 2 and "use one of even, odd" in bad.output
