@@ -104,3 +104,37 @@ def test_a_learned_daily_shape_is_not_an_anomaly_but_a_wrong_hour_is() -> None:
     assert last[24] > 4 * np.delete(last, 24).max()
     flat = score_series(t, x, SeriesModel(SeriesConfig(seasonal_min_days=1e9)))[288 * 7 :]
     assert flat[24] < np.delete(flat, 24).max()
+
+
+def test_seasonal_profile_takes_one_time_per_entity() -> None:
+    """``SeasonalProfile`` with a time per entity learns as each entity alone would."""
+    from hbmwatch.detectors.scorers import SeasonalProfile
+
+    both = SeasonalProfile(bins=4, period_s=4 * 3600, min_days=1.0)
+    rows = both.rows(["a", "b"])
+    alone = [SeasonalProfile(bins=4, period_s=4 * 3600, min_days=1.0) for _ in range(2)]
+    for step in range(40):
+        t = np.array([step * 1_800_000, step * 1_800_000 + 3_600_000])
+        x = np.array([float(step % 8), float(step % 3)])
+        both.learn_one(rows, x, t, np.array([1800.0, 1800.0]))
+        for i, p in enumerate(alone):
+            p.learn_one(p.rows(["x"]), x[i : i + 1], int(t[i]), 1800.0)
+    got = both.adjust(rows, np.array([1.0, 1.0]), np.array([3_600_000, 0]))
+    want = [
+        p.adjust(p.rows(["x"]), np.array([1.0]), t)[0]
+        for p, t in zip(alone, (3_600_000, 0), strict=True)
+    ]
+    assert np.allclose(got, want)
+
+
+def test_trend_baseline_floor_replaces_min_scale_for_a_step() -> None:
+    """``learn_one(floor=...)``: a per-entity scale floor; without it, nothing changes."""
+    from hbmwatch.detectors.scorers import TrendBaseline
+
+    plain, floored = TrendBaseline(warmup_s=0.0), TrendBaseline(warmup_s=0.0)
+    rows = plain.rows(["a"])
+    floored.rows(["a"])
+    for i in range(5):
+        plain.learn_one(rows, np.array([1.0]), i * 1000)
+        floored.learn_one(rows, np.array([1.0]), i * 1000, floor=np.array([7.0]))
+    assert plain.table["scale_"][0] < 1.0 < 5.0 < floored.table["scale_"][0]
