@@ -108,10 +108,11 @@ class SeriesModel:
         x = np.asarray(x, dtype=float)
         t_ms = np.asarray(t_ms, dtype=float)
         ok = ~np.isnan(x)
+        t_int = np.nan_to_num(t_ms).astype(np.int64)  # a row with no sample may have no time
         s = {name: self.table[name][rows] for name in self.table.fields}
         clock = (s["n_"] + 1.0) * 1000.0  # a clock of samples: half-lives in samples
         seasonal = self.profile.ready(rows) & (s["step_s_"] <= self.config.seasonal_max_step_s)
-        xa = np.where(seasonal, self.profile.adjust(rows, x, t_ms.astype(np.int64)), x)
+        xa = np.where(seasonal, self.profile.adjust(rows, x, t_int), x)
         floor = self._floor(s)
         z = self.baseline.deviation(rows, xa, clock) / np.fmax(self.baseline.scale(rows), floor)
         z = np.clip(np.where(ok, z, np.nan), -self.config.surprise_cap, self.config.surprise_cap)
@@ -121,7 +122,7 @@ class SeriesModel:
         surprise = np.fmax(np.abs(np.nan_to_num(z)), np.fmax(up, down) / self.config.cusum_h * 4)
         surprise = np.fmin(surprise, self.config.surprise_cap)
         score = self._judge(s, surprise, ok)
-        self._learn(rows, s, x, xa, t_ms, clock, floor, ok, shift)
+        self._learn(rows, s, x, xa, (t_ms, t_int), clock, floor, ok, shift)
         return np.where(ok, score, np.nan)
 
     def _floor(self, s: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -159,7 +160,7 @@ class SeriesModel:
         s: dict[str, np.ndarray],
         x: np.ndarray,
         xa: np.ndarray,
-        t_ms: np.ndarray,
+        times: tuple[np.ndarray, np.ndarray],
         clock: np.ndarray,
         floor: np.ndarray,
         ok: np.ndarray,
@@ -167,6 +168,7 @@ class SeriesModel:
     ) -> None:
         """Learn ``x`` after it was scored; a level shift restarts the level at the new value."""
         c = self.config
+        t_ms, t_int = times
         self.baseline.learn_one(rows, np.where(ok, xa, np.nan), clock, floor=floor)
         jump = ok & shift
         if jump.any():
@@ -185,9 +187,7 @@ class SeriesModel:
         mean = s["mean_"] + a * (x - s["mean_"])
         spread = s["spread_"] + a * (np.abs(x - mean) - s["spread_"])
         gap = np.nan_to_num(step, nan=1.0)
-        self.profile.learn_one(
-            rows, np.where(ok, x - mean, np.nan), t_ms.astype(np.int64), np.fmax(gap, 1e-3)
-        )
+        self.profile.learn_one(rows, np.where(ok, x - mean, np.nan), t_int, np.fmax(gap, 1e-3))
         s["mean_"] = np.where(ok, mean, s["mean_"])
         s["spread_"] = np.where(ok, spread, s["spread_"])
         s["last_ms_"] = np.where(ok, t_ms, s["last_ms_"])
