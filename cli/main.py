@@ -14,6 +14,7 @@ from rich.console import Console
 from hbmwatch import log
 from hbmwatch.cli import alerts as cli_alerts
 from hbmwatch.cli import bench as cli_bench
+from hbmwatch.cli import nab as cli_nab
 from hbmwatch.cli import processes
 from hbmwatch.cli.common import ConfigOption, console, fail
 from hbmwatch.cli.common import settings_from as _settings
@@ -29,6 +30,7 @@ docs_app = typer.Typer(help="Generate documentation from the code.", no_args_is_
 app.add_typer(cli_bench.bench_app, name="bench")
 app.add_typer(docs_app, name="docs")
 app.add_typer(cli_alerts.silence_app, name="silence")
+app.command("nab")(cli_nab.nab)
 for command in processes.app.registered_commands:  # migrate, up, serve, detect, collect, sim
     app.registered_commands.append(command)
 

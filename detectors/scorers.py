@@ -121,8 +121,13 @@ class TrendBaseline:
         x: np.ndarray,
         t_ms: int | np.ndarray,
         learn: np.ndarray | float = 1.0,
+        floor: np.ndarray | None = None,
     ) -> None:
-        """Learn one step; ``learn`` (0..1 per entity) slows learning, 0 freezes it."""
+        """Learn one step; ``learn`` (0..1 per entity) slows learning, 0 freezes it.
+
+        ``floor`` (per entity) replaces ``min_scale`` for this step: a series of unknown
+        units needs a scale floor relative to itself, not one absolute number.
+        """
         ok = ~np.isnan(x)
         if not ok.any():
             return
@@ -130,7 +135,7 @@ class TrendBaseline:
         rate = np.broadcast_to(np.asarray(learn, dtype=float), ok.shape)[ok]
         t_now = np.broadcast_to(np.asarray(t_ms, dtype=float), ok.shape)[ok]
         local = self.local(rows)
-        self.learn_local(local, x[ok], t_now, rate)
+        self.learn_local(local, x[ok], t_now, rate, None if floor is None else floor[ok])
         self.store(rows, local)
 
     def learn_local(
@@ -139,6 +144,7 @@ class TrendBaseline:
         x: np.ndarray,
         t_ms: int | np.ndarray,
         learn: np.ndarray | float = 1.0,
+        floor: np.ndarray | None = None,
     ) -> None:
         """``learn_one`` on copies from ``local``; entities whose ``x`` is NaN keep theirs.
 
@@ -150,12 +156,13 @@ class TrendBaseline:
             return
         rate = np.asarray(learn, dtype=float)
         t_now = np.asarray(t_ms, dtype=float)
+        min_scale = self.min_scale if floor is None else floor
         last, level0, trend0, scale0 = s["last_ms_"], s["level_"], s["trend_"], s["scale_"]
         with np.errstate(invalid="ignore", over="ignore"):
             fresh = np.isnan(last) | np.isnan(level0)
             dt = np.where(fresh, 1.0, np.clip((t_now - last) / 1000.0, 1e-3, 3600.0))
             pred = level0 + trend0 * dt
-            scale = np.fmax(np.nan_to_num(scale0, nan=self.min_scale), self.min_scale)
+            scale = np.fmax(np.nan_to_num(scale0, nan=min_scale), min_scale)
             # Warm-up averages plainly (no clipping, no trend), so a first value that is off
             # (a short first window, a cold start) is forgotten by the end of the warm-up.
             warm = s["seen_s_"] < self.warmup_s
@@ -173,7 +180,7 @@ class TrendBaseline:
             a_scale = decay(dt, self.scale_half_life_s)
             c = np.where(warm, np.fmax(a_scale, first), a_scale) * rate
             scale_new = np.where(
-                np.isnan(scale0), self.min_scale, scale0 + c * (1.25 * np.abs(resid) - scale0)
+                np.isnan(scale0), min_scale, scale0 + c * (1.25 * np.abs(resid) - scale0)
             )
         learned = rate > 0
         s["level_"] = np.where(ok, level, level0)
@@ -227,18 +234,31 @@ class SeasonalProfile:
     def rows(self, keys: Sequence[str]) -> np.ndarray:
         return self.table.rows(keys)
 
-    def _bin(self, t_ms: int) -> int:
+    def _bin(self, t_ms: int | np.ndarray) -> Any:
+        """The bin of ``t_ms``: an int, or an int array for per-entity times."""
+        if np.ndim(t_ms):
+            t = np.asarray(t_ms, dtype=float) / 1000.0 % self.period_s
+            return np.minimum((t / self.period_s * self.bins).astype(np.int64), self.bins - 1)
         return int((t_ms / 1000.0 % self.period_s) / self.period_s * self.bins)
 
     def ready(self, rows: np.ndarray) -> np.ndarray:
         return self.table["weight_"][rows].min(axis=1) >= self.min_days
 
-    def adjust(self, rows: np.ndarray, x: np.ndarray, t_ms: int) -> np.ndarray:
+    def adjust(self, rows: np.ndarray, x: np.ndarray, t_ms: int | np.ndarray) -> np.ndarray:
+        """``x`` less the learned shape at ``t_ms`` (one time, or one per entity)."""
         profile = self.table["profile_"][rows]
-        shape = profile[:, self._bin(t_ms)] - profile.mean(axis=1)
+        b = self._bin(t_ms)
+        at = profile[np.arange(len(rows)), b] if np.ndim(b) else profile[:, b]
+        shape = at - profile.mean(axis=1)
         return np.where(self.ready(rows), x - shape, x)
 
-    def learn_one(self, rows: np.ndarray, x: np.ndarray, t_ms: int, dt_s: float = 1.0) -> None:
+    def learn_one(
+        self,
+        rows: np.ndarray,
+        x: np.ndarray,
+        t_ms: int | np.ndarray,
+        dt_s: float | np.ndarray = 1.0,
+    ) -> None:
         """Learn the value ``x`` (already relative to the entity's level) for this hour.
 
         A bin's value is the running mean of its samples until its exponential memory
@@ -248,6 +268,8 @@ class SeasonalProfile:
         if not ok.any():
             return
         b = self._bin(t_ms)
+        b = b[ok] if np.ndim(b) else b
+        dt_s = dt_s[ok] if np.ndim(dt_s) else dt_s
         r = rows[ok]
         t = self.table
         # A visit counts once per bin per day: weight counts days, the average is per sample.
