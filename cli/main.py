@@ -181,7 +181,9 @@ def score_file(
 
     A column that is no canonical metric (a plain timestamp,value CSV) is a user series,
     scored sample by sample by the generic detector: one score column per series in
-    [0, 1] at every input timestamp.  For a short capture, shorten --warmup (and --hold): by default a baseline learns 180 s
+    [0, 1] at every input timestamp.
+
+    For a short capture, shorten --warmup (and --hold): by default a baseline learns 180 s
     and a regression up to 2x must last 75 s (3x: 20 s; 10x: 5 s).
     """
     from hbmwatch.runtime import offline

@@ -15,8 +15,13 @@ import numpy as np
 from hbmwatch.detectors.frame import TABLE_LABELS, TABLES, Entities, Frame, RawSeries, SeriesIndex
 from hbmwatch.detectors.frame_grid import LAST, REDUCE_OF_SIGNAL, SUM, Grid, Plan, Samples
 from hbmwatch.detectors.signals import (
-    MAX_STACKS, RAW_METRICS, SIGNAL_CODE, SIGNALS, error_code, route,
-)  # fmt: skip
+    MAX_STACKS,
+    RAW_METRICS,
+    SIGNAL_CODE,
+    SIGNALS,
+    error_code,
+    route,
+)
 from hbmwatch.records import SeriesKey
 from hbmwatch.store.feed import SampleBlock
 

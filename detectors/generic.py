@@ -120,7 +120,9 @@ class SeriesAnomalies:
         found = closed + [self._finding(series[i], int(rows[i]), closed=False) for i in still]
         return latest(found), scores
 
-    def _decide(self, rows: np.ndarray, t: np.ndarray, x: np.ndarray, score: np.ndarray) -> list[int]:
+    def _decide(
+        self, rows: np.ndarray, t: np.ndarray, x: np.ndarray, score: np.ndarray
+    ) -> list[int]:
         """One sample per row through the rule; the positions (in ``rows``) that closed."""
         tb = self.table
         known = ~np.isnan(score)
@@ -142,8 +144,8 @@ class SeriesAnomalies:
         tb["open"][rows] = is_open.astype(float)
         tb["updated_ms"][rows[is_open]] = t[is_open]
         learn = known & ~over & ~is_open
-        tb["level"][rows[learn]] = np.where(np.isnan(level[learn]), x[learn],
-                                            level[learn] + LEVEL_ALPHA * (x[learn] - level[learn]))  # fmt: skip
+        old, new = level[learn], x[learn]
+        tb["level"][rows[learn]] = np.where(np.isnan(old), new, old + LEVEL_ALPHA * (new - old))
         tb["last_ms"][rows] = t
         return np.flatnonzero(is_open & (calm >= self.calm_samples)).tolist()
 
@@ -159,7 +161,8 @@ class SeriesAnomalies:
         entity = {k: s.labels[k] for k in ENTITY_LABELS if s.labels.get(k)}
         name = s.labels.get("series", s.key)
         where = "".join(f" {k}={s.labels[k]}" for k in ("host", "gpu") if s.labels.get(k))
-        base = "no calm level yet" if np.isnan(g["peak_level"]) else f"baseline {g['peak_level']:.4g}"
+        level = g["peak_level"]
+        base = "no calm level yet" if np.isnan(level) else f"baseline {level:.4g}"
         started = int(g["started_ms"])
         return make_finding(
             kind=FindingKind.SERIES_ANOMALY, detector=self.name, entity=entity,

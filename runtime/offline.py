@@ -42,10 +42,9 @@ from hbmwatch.detectors import default_detectors
 from hbmwatch.detectors.context import Context
 from hbmwatch.metrics import METRICS
 from hbmwatch.records import Finding, Sample, SeriesKey, finding_to_dict
+from hbmwatch.runtime import offline_series as user
 from hbmwatch.runtime.detection import DetectionRunner
-from hbmwatch.runtime.offline_series import (
-    SeriesError, UserSeries, join_scores, rename, score_user_series, user_series,
-)  # fmt: skip
+from hbmwatch.runtime.offline_series import SeriesError, UserSeries
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.migrate import upgrade
@@ -145,26 +144,28 @@ def read_trace(
     keys, all_times, all_values = [], [], []
     dropped: dict[str, int] = {}
     notes: list[str] = []
-    user = []
+    users = []
     for col in frame.columns:
         if col == time_col:
             continue
         key = _key(path, str(col), labels, user_ok=True)
         if key is None:
-            user.append(user_series(path, str(col), times, frame[col], labels, dropped, notes))
+            users.append(
+                user.user_series(path, str(col), times, frame[col], labels, dropped, notes)
+            )
             continue
         keys += [key] * len(frame)
         all_times.append(times)
         all_values.append(pd.to_numeric(frame[col], errors="coerce").to_numpy(float))
-    if not keys and not user:
+    if not keys and not users:
         raise TraceError(f"{path}: no value columns beside {time_col!r}", path=str(path))
-    user = rename(path, user, name)
+    users = user.rename(path, users, name)
     if not keys:
-        return Trace(path, [], dropped, user, notes)
+        return Trace(path, [], dropped, users, notes)
     trace = _samples(path, keys, np.concatenate(all_times), np.concatenate(all_values))
     for reason, n in dropped.items():
         trace.dropped[reason] = trace.dropped.get(reason, 0) + n
-    trace.user, trace.notes = user, notes
+    trace.user, trace.notes = users, notes
     return trace
 
 
@@ -230,13 +231,14 @@ def merge_traces(traces: list[Trace]) -> Trace:
     for t in traces:
         for reason, n in t.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + n
-    user = [s for t in traces for s in t.user]
-    names = [s.name for s in user]
+    users = [s for t in traces for s in t.user]
+    names = [s.name for s in users]
     if len(set(names)) < len(names):
-        raise SeriesError(f"{traces[0].path}: --merge: two files name one user series; "
-                          "rename a column or score the files apart", path=str(traces[0].path))  # fmt: skip
+        path = str(traces[0].path)
+        raise SeriesError(f"{path}: --merge: two files name one user series; rename a column "
+                          "or score the files apart", path=path)  # fmt: skip
     notes = [n for t in traces for n in t.notes]
-    return Trace(traces[0].path, samples, dropped, user, notes)
+    return Trace(traces[0].path, samples, dropped, users, notes)
 
 
 def score_trace(
@@ -250,14 +252,16 @@ def score_trace(
 ) -> ScoredFile:
     """Replay a trace cycle by cycle through a scratch store and the detectors; its user
     series through the generic detector directly; one table of scores."""
-    user_scores, user_found = score_user_series(trace.user) if trace.user else (pd.DataFrame(), [])
+    user_scores, user_found = (
+        user.score_user_series(trace.user) if trace.user else (pd.DataFrame(), [])
+    )
     if not trace.samples:
         if progress is not None:
             progress(1.0)
         n = trace.count
         return ScoredFile(trace.path, n, trace.dropped, user_scores, user_found, trace.notes)
     result = _score_canonical(trace, step_seconds, cycle_seconds, workdir, progress, options)
-    result.scores = join_scores(result.scores, user_scores)
+    result.scores = user.join_scores(result.scores, user_scores)
     result.findings += user_found
     result.samples += sum(len(s.t_ms) for s in trace.user)
     result.notes = trace.notes
