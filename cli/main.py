@@ -143,11 +143,12 @@ def score_file(
         list[str] | None,
         typer.Option(help="Label for bare column names, e.g. --label sku=H200 (repeatable)."),
     ] = None,
-    name: Annotated[
+    series_name: Annotated[
         str | None,
         typer.Option(
+            "--name",
             help="Name of the one value column that is no canonical metric (a user series; "
-            "default: its header, or the file's name for a column called value)."
+            "default: its header, or the file's name for a column called value).",
         ),
     ] = None,
     step: Annotated[float, typer.Option(min=0.05, help="The detectors' time grid, s.")] = 1.0,
@@ -197,9 +198,9 @@ def score_file(
             raise typer.Exit(2)
         labels[name.strip()] = value.strip()
     try:
-        if name is not None and not name.strip():
+        if series_name is not None and not series_name.strip():
             raise HbmwatchError("--name: give a non-empty name")
-        traces = [offline.read_trace(path, labels, name) for path in files]
+        traces = [offline.read_trace(path, labels, series_name) for path in files]
         if merge:
             traces = [offline.merge_traces(traces)]
     except HbmwatchError as exc:

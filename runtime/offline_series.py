@@ -6,8 +6,9 @@ column is a user series scored by the generic model directly, sample by sample i
 order (a file may span months at 5-minute steps), with the rule the service uses for
 ``user_series_value`` (``detectors/generic.py``), so a file and the service agree.
 
-Naming: a column's header names its series (``value`` alone: the file's stem), unless
-``--name`` names it (only with one such column).  Bad values are dropped and counted:
+Naming: a column's header names its series (``value`` alone: the file's stem; labels in
+Prometheus notation, ``queue{host="n1"}``, place it), unless ``--name`` names it (only
+with one such column).  Bad values are dropped and counted:
 ``non_numeric`` (text), ``non_finite`` (empty, NaN, infinite), ``duplicate_timestamp``
 (the last sample of a timestamp is kept); unsorted rows are sorted, and the trace says so.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hbmwatch.collector.exposition import MalformedLine, parse_series
 from hbmwatch.detectors.base import latest
 from hbmwatch.detectors.generic import ENTITY_LABELS, Series, SeriesAnomalies
 from hbmwatch.records import Finding, SeriesKey
@@ -54,7 +56,7 @@ def user_series(
 ) -> UserSeries:  # fmt: skip
     """A value column as a user series: bad values dropped and counted, rows sorted by time,
     the last sample of a repeated timestamp kept."""
-    name = path.stem if header.strip().lower() == "value" else header.strip()
+    name, own = _name_of(path, header)
     values = pd.to_numeric(column, errors="coerce").to_numpy(float)
     text = column.notna().to_numpy() & np.isnan(values)
     finite = np.isfinite(values)
@@ -72,8 +74,22 @@ def user_series(
             notes.append(note)
     keep = np.r_[t[1:] != t[:-1], True]  # the last of each run of one timestamp
     _count(dropped, "duplicate_timestamp", int((~keep).sum()))
-    scope = {k: v for k, v in (labels or {}).items() if k in ENTITY_LABELS and k != "series"}
+    given = {**(labels or {}), **own}
+    scope = {k: v for k, v in given.items() if k in ENTITY_LABELS and k != "series"}
     return UserSeries(name, {**scope, "series": name}, t[keep].astype(np.int64), x[keep])
+
+
+def _name_of(path: Path, header: str) -> tuple[str, dict[str, str]]:
+    """A header's series name and labels: ``queue{host="n1"}`` names ``queue`` on n1, a
+    header that is no series notation (``queue depth``) is the name as it stands."""
+    text = header.strip()
+    if text.lower() == "value":
+        return path.stem, {}
+    try:
+        ref = parse_series(text)
+    except MalformedLine:
+        return text, {}
+    return ref.name, ref.label_dict()
 
 
 def rename(path: Path, series: list[UserSeries], name: str | None) -> list[UserSeries]:
@@ -97,12 +113,20 @@ def score_user_series(
     (``timestamp`` in seconds, one column per series) and the findings."""
     det = detector or SeriesAnomalies()
     found, scores = det.feed([Series(s.key, s.labels, s.t_ms, s.values) for s in series])
+    names = [s.name for s in series]
     tables = [
-        pd.DataFrame({"timestamp": s.t_ms / 1000.0, s.name: sc}).set_index("timestamp")
+        pd.DataFrame({"timestamp": s.t_ms / 1000.0, _column(s, names): sc}).set_index("timestamp")
         for s, sc in zip(series, scores, strict=True)
     ]
     table = pd.concat(tables, axis=1, join="outer").sort_index().reset_index()
     return table, latest(found)
+
+
+def _column(s: UserSeries, names: Sequence[str]) -> str:
+    """A score column's name: the series', with its labels where two share a name."""
+    if names.count(s.name) == 1:
+        return s.name
+    return SeriesKey(s.name, {k: v for k, v in s.labels.items() if k != "series"}).text
 
 
 def join_scores(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
