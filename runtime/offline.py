@@ -44,19 +44,14 @@ from hbmwatch.metrics import METRICS
 from hbmwatch.records import Finding, Sample, SeriesKey, finding_to_dict
 from hbmwatch.runtime import offline_series as user
 from hbmwatch.runtime.detection import DetectionRunner
-from hbmwatch.runtime.offline_series import SeriesError, UserSeries
+from hbmwatch.runtime.offline_series import TraceError, UserSeries
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.migrate import upgrade
 from hbmwatch.store.store import Store
-from hbmwatch.validation import HbmwatchError
 
 TIME_COLUMNS = ("timestamp", "time", "ts")
 LONG_COLUMNS = {"metric", "timestamp", "value"}
-
-
-class TraceError(HbmwatchError):
-    """A trace file that cannot be read, with the file and what is wrong in it."""
 
 
 @dataclass
@@ -235,7 +230,7 @@ def merge_traces(traces: list[Trace]) -> Trace:
     names = [s.name for s in users]
     if len(set(names)) < len(names):
         path = str(traces[0].path)
-        raise SeriesError(f"{path}: --merge: two files name one user series; rename a column "
+        raise TraceError(f"{path}: --merge: two files name one user series; rename a column "
                           "or score the files apart", path=path)  # fmt: skip
     notes = [n for t in traces for n in t.notes]
     return Trace(traces[0].path, samples, dropped, users, notes)

@@ -32,8 +32,8 @@ from hbmwatch.validation import HbmwatchError
 USER_METRIC = "user_series_value"
 
 
-class SeriesError(HbmwatchError):
-    """A user series column that cannot be scored, with the file and what is wrong."""
+class TraceError(HbmwatchError):
+    """A trace file that cannot be read, with the file and what is wrong in it."""
 
 
 @dataclass
@@ -61,7 +61,7 @@ def user_series(
     text = column.notna().to_numpy() & np.isnan(values)
     finite = np.isfinite(values)
     if not finite.any():
-        raise SeriesError(f"{path}: column {header!r} has no numeric values to score",
+        raise TraceError(f"{path}: column {header!r} has no numeric values to score",
                           path=str(path))  # fmt: skip
     _count(dropped, "non_numeric", int(text.sum()))
     _count(dropped, "non_finite", int((~finite & ~text).sum()))
@@ -97,7 +97,7 @@ def rename(path: Path, series: list[UserSeries], name: str | None) -> list[UserS
     if name is None:
         return series
     if len(series) != 1:
-        raise SeriesError(
+        raise TraceError(
             f"{path}: --name names one series, but the file has {len(series)} value columns "
             "that are not canonical metrics; name them by their headers instead",
             path=str(path),
