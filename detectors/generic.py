@@ -160,7 +160,8 @@ class SeriesAnomalies:
         g = {name: float(self.table[name][row]) for name in FIELDS}
         entity = {k: s.labels[k] for k in ENTITY_LABELS if s.labels.get(k)}
         name = s.labels.get("series", s.key)
-        where = "".join(f" {k}={s.labels[k]}" for k in ("host", "gpu") if s.labels.get(k))
+        host, gpu = s.labels.get("host"), s.labels.get("gpu")
+        where = (f" on {host}" if host else "") + (f" GPU {gpu}" if gpu else "")
         level = g["peak_level"]
         base = "no calm level yet" if np.isnan(level) else f"baseline {level:.4g}"
         started = int(g["started_ms"])
