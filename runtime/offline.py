@@ -227,8 +227,8 @@ def merge_traces(traces: list[Trace]) -> Trace:
         for reason, n in t.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + n
     users = [s for t in traces for s in t.user]
-    names = [s.name for s in users]
-    if len(set(names)) < len(names):
+    keys = [s.key for s in users]
+    if len(set(keys)) < len(keys):
         path = str(traces[0].path)
         raise TraceError(f"{path}: --merge: two files name one user series; rename a column "
                           "or score the files apart", path=path)  # fmt: skip

@@ -93,7 +93,13 @@ def _name_of(path: Path, header: str) -> tuple[str, dict[str, str]]:
 
 
 def rename(path: Path, series: list[UserSeries], name: str | None) -> list[UserSeries]:
-    """``--name``: the one user series' name; a clear error where there are several."""
+    """``--name``: the one user series' name; a clear error where there are several, or
+    where two columns name one series."""
+    keys = [s.key for s in series]
+    if len(set(keys)) < len(keys):
+        twice = next(s.name for s in series if keys.count(s.key) > 1)
+        raise TraceError(f"{path}: two columns name the series {twice!r}; rename one",
+                         path=str(path))  # fmt: skip
     if name is None:
         return series
     if len(series) != 1:

@@ -20,6 +20,7 @@ from hbmwatch.detectors.generic import Series, SeriesAnomalies
 from hbmwatch.detectors.rootcause import RootCause
 from hbmwatch.records import Sample, SeriesKey
 from hbmwatch.runtime.detection import DetectionRunner
+from hbmwatch.status import snapshot_from_frame
 from hbmwatch.store.feed import SampleBlock
 from hbmwatch.store.store import Store
 from hbmwatch.taxonomy import Cause, FindingKind
@@ -144,6 +145,16 @@ def test_a_series_anomaly_is_never_a_cause_and_alerts_once_per_series() -> None:
     frame = frame_of([], T0, T0 + 60_000)
     frame.context, frame.open_findings = Context(), list(found)
     assert RootCause().update(frame) == []  # ranks regressions only, never these
+
+
+def test_user_series_scores_are_not_exported_as_a_gpus() -> None:
+    """A frame with one GPU and one user series: the series' score row is no GPU's."""
+    t = T0 + 1000 * np.arange(60)
+    frame = frame_of([RawSeries(KEY, LABELS, t, values(60))], T0, T0 + 60_000)
+    frame.gpus.add("c/n1/0", {"cluster": "c", "host": "n1", "gpu": "0"})
+    SeriesAnomalies().update(frame)
+    assert frame.scores["series"].shape == (1, 60)
+    assert [v.labels["detector"] for v in snapshot_from_frame(frame).anomaly_score] == []
 
 
 def test_the_mapped_source_feeds_the_generic_detector(

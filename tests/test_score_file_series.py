@@ -107,6 +107,9 @@ def test_the_name_comes_from_the_header_the_file_or_name(tmp_path: Path) -> None
     two = write(tmp_path / "two.csv", a=series(n=50), b=series(n=50))
     with pytest.raises(TraceError, match="--name names one series, but the file has 2"):
         read_trace(two, name="cpu")
+    clash = write(tmp_path / "q.csv", value=series(n=50), q=series(n=50))
+    with pytest.raises(TraceError, match="two columns name the series 'q'; rename one"):
+        read_trace(clash)
 
 
 def test_bad_rows_are_sorted_dropped_and_counted(tmp_path: Path) -> None:
