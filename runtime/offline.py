@@ -51,6 +51,7 @@ from hbmwatch.store.migrate import upgrade
 from hbmwatch.store.store import Store
 
 TIME_COLUMNS = ("timestamp", "time", "ts")
+NO_TIME = np.iinfo(np.int64).min  # a row whose timestamp is missing
 LONG_COLUMNS = {"metric", "timestamp", "value"}
 
 
@@ -195,21 +196,30 @@ def _key(
 
 
 def _timestamps(path: Path, column: pd.Series) -> np.ndarray:
-    """Milliseconds since the epoch from Unix seconds, milliseconds or ISO 8601 text."""
+    """Milliseconds since the epoch from Unix seconds, milliseconds or ISO 8601 text; a
+    missing timestamp is ``NO_TIME`` (its row is dropped and counted as ``no_timestamp``)."""
     numeric = pd.to_numeric(column, errors="coerce")
-    if numeric.notna().all():
+    if numeric[column.notna()].notna().all():
         values = numeric.to_numpy(float)
-        return np.round(np.where(values > 1e11, values, values * 1000)).astype(np.int64)
+        ms = np.round(np.where(values > 1e11, values, values * 1000))
+        return np.where(np.isnan(ms), float(NO_TIME), ms).astype(np.int64)
     try:
         parsed = pd.to_datetime(column, utc=True, format="ISO8601")
     except (ValueError, TypeError) as exc:
-        raise TraceError(f"{path}: timestamps are neither numbers nor ISO 8601: {exc}") from exc
-    return parsed.dt.as_unit("ms").astype("int64").to_numpy(np.int64)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TraceError(f"{path}: timestamps are neither numbers nor ISO 8601: {first}",
+                         path=str(path)) from exc  # fmt: skip
+    ms = parsed.dt.as_unit("ms").astype("int64").to_numpy(np.int64)
+    return np.where(parsed.isna().to_numpy(), NO_TIME, ms)
 
 
 def _samples(path: Path, keys: list[SeriesKey], times: np.ndarray, values: np.ndarray) -> Trace:
+    timed = times != NO_TIME
     finite = np.isfinite(values)
-    dropped = {"non_finite": int((~finite).sum())} if (~finite).any() else {}
+    dropped = {"non_finite": int((timed & ~finite).sum())} if (timed & ~finite).any() else {}
+    if not timed.all():
+        dropped["no_timestamp"] = int((~timed).sum())
+    finite &= timed
     order = np.argsort(times, kind="stable")
     samples = [
         Sample(keys[i], int(times[i]), float(values[i])) for i in order.tolist() if finite[i]

@@ -9,7 +9,8 @@ order (a file may span months at 5-minute steps), with the rule the service uses
 Naming: a column's header names its series (``value`` alone: the file's stem; labels in
 Prometheus notation, ``queue{host="n1"}``, place it), unless ``--name`` names it (only
 with one such column).  Bad values are dropped and counted:
-``non_numeric`` (text), ``non_finite`` (empty, NaN, infinite), ``duplicate_timestamp``
+``non_numeric`` (text), ``non_finite`` (empty, NaN, infinite), ``no_timestamp``,
+``duplicate_timestamp``
 (the last sample of a timestamp is kept); unsorted rows are sorted, and the trace says so.
 """
 
@@ -57,6 +58,9 @@ def user_series(
     """A value column as a user series: bad values dropped and counted, rows sorted by time,
     the last sample of a repeated timestamp kept."""
     name, own = _name_of(path, header)
+    timed = times != np.iinfo(np.int64).min  # offline.NO_TIME: a missing timestamp
+    _count(dropped, "no_timestamp", int((~timed).sum()))
+    times, column = times[timed], column[timed]
     values = pd.to_numeric(column, errors="coerce").to_numpy(float)
     text = column.notna().to_numpy() & np.isnan(values)
     finite = np.isfinite(values)

@@ -130,6 +130,17 @@ def test_bad_rows_are_sorted_dropped_and_counted(tmp_path: Path) -> None:
     assert result.scores["timestamp"].tolist() == [T0 + STEP * i for i in (0, 1, 2, 3, 7)]
 
 
+def test_rows_without_a_timestamp_are_dropped_and_counted(tmp_path: Path) -> None:
+    path = tmp_path / "gaps.csv"
+    for stamps in (["1700000000", "", "1700000600"],
+                   ["2023-11-14T22:13:20Z", "", "2023-11-14T22:23:20Z"]):  # fmt: skip
+        path.write_text("timestamp,value\n" + "".join(f"{t},{i}\n" for i, t in enumerate(stamps)))
+        trace = read_trace(path)
+        assert trace.user[0].t_ms.tolist() == [T0 * 1000, (T0 + 600) * 1000]
+        assert trace.user[0].values.tolist() == [0.0, 2.0]
+        assert trace.dropped == {"no_timestamp": 1}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
