@@ -8,10 +8,9 @@ order (a file may span months at 5-minute steps), with the rule the service uses
 
 Naming: a column's header names its series (``value`` alone: the file's stem; labels in
 Prometheus notation, ``queue{host="n1"}``, place it), unless ``--name`` names it (only
-with one such column).  Bad values are dropped and counted:
-``non_numeric`` (text), ``non_finite`` (empty, NaN, infinite), ``no_timestamp``,
-``duplicate_timestamp``
-(the last sample of a timestamp is kept); unsorted rows are sorted, and the trace says so.
+with one such column).  Bad values are dropped and counted: ``non_numeric`` (text),
+``non_finite`` (empty, NaN, infinite), ``no_timestamp``, ``duplicate_timestamp`` (the last
+sample of a timestamp is kept); unsorted rows are sorted, and the trace says so.
 """
 
 from __future__ import annotations
