@@ -90,15 +90,15 @@ class SeriesAnomalies:
     def feed(self, series: Sequence[Series]) -> tuple[list[Finding], list[np.ndarray]]:
         """Score and learn every series' samples in time order; findings opened, closed or
         updated, and each sample's score (NaN: not scored, at or before one already seen)."""
-        scores = [np.full(len(s.t_ms), np.nan) for s in series]
         if not series:
-            return [], scores
+            return [], []
         keys = [s.key for s in series]
         rows, mrows = self.table.rows(keys), self.model.rows(keys)
         lengths = np.array([len(s.t_ms) for s in series])
         width = int(lengths.max(initial=0))
         t = np.full((len(series), width), np.nan)
         x = np.full((len(series), width), np.nan)
+        scored = np.full((len(series), width), np.nan)
         for i, s in enumerate(series):
             t[i, : lengths[i]], x[i, : lengths[i]] = s.t_ms, s.values
         closed: list[Finding] = []
@@ -109,16 +109,14 @@ class SeriesAnomalies:
             sel = sel[np.isnan(last) | (t[sel, k] > last)]
             if sel.size == 0:
                 continue
-            score = self.model.update(mrows[sel], t[sel, k], x[sel, k])
-            for j, i in enumerate(sel.tolist()):
-                scores[i][k] = score[j]
+            score = scored[sel, k] = self.model.update(mrows[sel], t[sel, k], x[sel, k])
             touched[sel] = True
             for i in self._decide(rows[sel], t[sel, k], x[sel, k], score):
                 closed.append(self._finding(series[sel[i]], int(rows[sel[i]]), closed=True))
                 self._reset(int(rows[sel[i]]))
         still = [i for i in np.flatnonzero(touched).tolist() if self.table["open"][rows[i]] > 0]
         found = closed + [self._finding(series[i], int(rows[i]), closed=False) for i in still]
-        return latest(found), scores
+        return latest(found), [scored[i, :n] for i, n in enumerate(lengths.tolist())]
 
     def _decide(
         self, rows: np.ndarray, t: np.ndarray, x: np.ndarray, score: np.ndarray
