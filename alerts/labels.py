@@ -15,7 +15,7 @@ from hbmwatch.taxonomy import Cause, FindingKind
 #: Entity labels an alert carries (what a finding's entity may name).
 ENTITY_LABELS = (
     "cluster", "rack", "host", "gpu", "sku", "partition", "service", "model", "phase",
-    "target", "reason", "link", "check",
+    "target", "reason", "link", "check", "series",
 )  # fmt: skip
 
 #: alertname -> runbook hint (what on-call checks first).

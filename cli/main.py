@@ -182,13 +182,24 @@ def _check_eval_args(scenarios: list[str] | None, random: int | None, seed: list
 
 @app.command("score-file")
 def score_file(
-    files: Annotated[list[Path], typer.Argument(help="CSV traces: wide or long layout.")],
+    files: Annotated[
+        list[Path],
+        typer.Argument(help="CSV traces: wide or long layout, or plain timestamp,value."),
+    ],
     out: Annotated[Path, typer.Option(help="Folder for <name>.scores.csv and .findings.json.")] = (
         Path("hbmwatch-scores")
     ),
     label: Annotated[
         list[str] | None,
         typer.Option(help="Label for bare column names, e.g. --label sku=H200 (repeatable)."),
+    ] = None,
+    series_name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            help="Name of the one value column that is no canonical metric (a user series; "
+            "default: its header, or the file's name for a column called value).",
+        ),
     ] = None,
     step: Annotated[float, typer.Option(min=0.05, help="The detectors' time grid, s.")] = 1.0,
     merge: Annotated[
@@ -219,6 +230,10 @@ def score_file(
 ) -> None:
     """Stream recorded traces through the detectors causally; write scores and findings.
 
+    A column that is no canonical metric (a plain timestamp,value CSV) is a user series,
+    scored sample by sample by the generic detector: one score column per series in
+    [0, 1] at every input timestamp.
+
     For a short capture, shorten --warmup (and --hold): by default a baseline learns 180 s
     and a regression up to 2x must last 75 s (3x: 20 s; 10x: 5 s).
     """
@@ -233,15 +248,19 @@ def score_file(
             raise typer.Exit(2)
         labels[name.strip()] = value.strip()
     try:
-        traces = [offline.read_trace(path, labels) for path in files]
+        if series_name is not None and not series_name.strip():
+            raise HbmwatchError("--name: give a non-empty name")
+        traces = [offline.read_trace(path, labels, series_name) for path in files]
+        if merge:
+            traces = [offline.merge_traces(traces)]
     except HbmwatchError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
-    if merge:
-        traces = [offline.merge_traces(traces)]
     for trace in traces:
         path = trace.path
-        console.print(f"{path}: {len(trace.samples):,} samples, dropped {trace.dropped or 'none'}")
+        console.print(f"{path}: {trace.count:,} samples, dropped {trace.dropped or 'none'}")
+        for note in trace.notes:
+            console.print(f"  note: {note}")
         options = offline.DetectorOptions(warmup, hold, min_hold)
         result = offline.score_trace(trace, step_seconds=step, options=options)
         scores_path, findings_path = offline.write_outputs(result, out)

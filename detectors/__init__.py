@@ -12,6 +12,7 @@ from typing import Any
 def default_detectors(settings: Any = None) -> list[Any]:
     """``settings``: a ``DetectionSettings`` whose detector options apply (None: defaults)."""
     from hbmwatch.detectors.devices import LinkErrors, Throttling
+    from hbmwatch.detectors.generic import SeriesAnomalies
     from hbmwatch.detectors.gpu_errors import GpuErrors
     from hbmwatch.detectors.latency import LatencyRegressions
     from hbmwatch.detectors.outliers import FleetOutliers
@@ -32,5 +33,6 @@ def default_detectors(settings: Any = None) -> list[Any]:
         DataQuality(**quality),
         LatencyRegressions(),
         FleetOutliers(),
+        SeriesAnomalies(),  # a user's own series (user_series_value); never a cause
         RootCause(),
     ]

@@ -89,6 +89,20 @@ class SeriesIndex(MutableMapping[tuple[str, str, str], str]):
 
 
 @dataclass
+class RawSeries:
+    """One series' own samples in the frame, in time order, at their own timestamps.
+
+    For the metrics read raw (``signals.RAW_METRICS``): a grid would repeat or merge
+    samples of a series whose rate has nothing to do with the detection step.
+    """
+
+    key: str  # the series text, its identity
+    labels: dict[str, str]
+    t_ms: np.ndarray  # int64, ascending
+    values: np.ndarray  # float, finite
+
+
+@dataclass
 class Frame:
     """Signals on a grid: ``times_ms[i]`` is the start of step i, ``[t, t + step)``."""
 
@@ -115,6 +129,8 @@ class Frame:
     context: Any = None  # detectors.context.Context, set by the runner
     #: Each detector's score per entity and step (1.0 = at its threshold), for score-file.
     scores: dict[str, np.ndarray] = field(default_factory=dict)
+    #: The raw series' samples in [start_ms, end_ms) (``RawSeries``); empty if there are none.
+    raw: list[RawSeries] = field(default_factory=list)
 
     @property
     def times_ms(self) -> np.ndarray:

@@ -12,9 +12,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hbmwatch.detectors.frame import TABLE_LABELS, TABLES, Entities, Frame, SeriesIndex
+from hbmwatch.detectors.frame import TABLE_LABELS, TABLES, Entities, Frame, RawSeries, SeriesIndex
 from hbmwatch.detectors.frame_grid import LAST, REDUCE_OF_SIGNAL, SUM, Grid, Plan, Samples
-from hbmwatch.detectors.signals import MAX_STACKS, SIGNAL_CODE, SIGNALS, error_code, route
+from hbmwatch.detectors.signals import (
+    MAX_STACKS,
+    RAW_METRICS,
+    SIGNAL_CODE,
+    SIGNALS,
+    error_code,
+    route,
+)
 from hbmwatch.records import SeriesKey
 from hbmwatch.store.feed import SampleBlock
 
@@ -72,6 +79,9 @@ class FrameBuilder:
         self._pair_of: dict[tuple[int, str], int] = {}
         self._code: list[str] = []  # error event series: its code (``xid:79``), else ""
         self._entities = [Entities(), Entities(), Entities()]
+        self._raw: list[bool] = []  # a series read sample by sample (signals.RAW_METRICS)
+        self._raw_labels: dict[int, dict[str, str]] = {}  # slot -> labels, raw series only
+        self._any_raw = False  # none seen yet: the raw pass costs nothing
         self._cols: dict[str, np.ndarray] = {}
         self._plan: Plan | None = None  # where the last frame's series went
         self._last = np.zeros(0)  # each counter's last value, NaN before the first
@@ -103,6 +113,11 @@ class FrameBuilder:
         self._stack.append(r.slot if r is not None else -1)
         self._how.append({"sum": 1, "frac": 2}.get(r.how, 0) if r is not None else 0)
         self._text.append(key.text if key is not None else "")
+        raw = key is not None and key.metric in RAW_METRICS
+        self._raw.append(raw)
+        if raw and key is not None:
+            self._raw_labels[slot] = key.label_dict
+        self._any_raw |= raw
         self._link.append((key.label("link") or "all") if key is not None else "")
         if r is None or key is None:
             self._entity.append(-1)
@@ -128,6 +143,7 @@ class FrameBuilder:
             self._cols[name] = np.asarray(getattr(self, name), dtype=np.int64)
         self._cols["link_pair"] = np.asarray(self._pair, dtype=np.int64)
         self._cols["error"] = np.asarray([bool(c) for c in self._code], dtype=bool)
+        self._cols["raw"] = np.asarray(self._raw, dtype=bool)
         table, how = self._cols["_table"], self._cols["_how"]
         self._cols["fabric"] = (table == 0) & (
             self._cols["_signal"] == SIGNAL_CODE["fabric_errors"]
@@ -164,7 +180,25 @@ class FrameBuilder:
         gauges = self._gauges(frame, slot, kind, ts, vals)
         counters = self._counters(frame, slot, kind, ts, vals)
         self._scatter(frame, gauges, counters)
+        if self._any_raw:
+            frame.raw = self._raw_series(frame, slot, ts, vals)
         return frame
+
+    def _raw_series(
+        self, frame: Frame, slot: np.ndarray, ts: np.ndarray, vals: np.ndarray
+    ) -> list[RawSeries]:
+        """Each raw series' finite samples inside the frame, in time order, as they came."""
+        pick = np.flatnonzero(self._cols["raw"][slot] & (ts >= frame.start_ms)
+                              & (ts < frame.end_ms) & np.isfinite(vals))  # fmt: skip
+        if len(pick) == 0:
+            return []
+        order = pick[np.argsort(slot[pick], kind="stable")]  # grouped, time order kept
+        groups, first = np.unique(slot[order], return_index=True)
+        return [
+            RawSeries(self._text[s], dict(self._raw_labels[s]), ts[part].astype(np.int64),
+                      vals[part].astype(float))
+            for s, part in zip(groups.tolist(), np.split(order, first[1:]), strict=True)
+        ]  # fmt: skip
 
     def _gauges(
         self, frame: Frame, slot: np.ndarray, kind: np.ndarray, ts: np.ndarray, vals: np.ndarray

@@ -55,6 +55,16 @@ def route(key: SeriesKey) -> Route | None:
     return None
 
 
+#: Metrics read sample by sample at their own timestamps, not laid on the grid: a user's
+#: own series (``detectors/generic.py``), which may be sampled every 5 minutes or every 100 ms.
+RAW_METRICS: tuple[str, ...] = ("user_series_value",)
+
+
+def reads(key: SeriesKey) -> bool:
+    """Whether a frame carries the series: on the grid (``route``) or raw."""
+    return key.metric in RAW_METRICS or route(key) is not None
+
+
 _QUANTILE_SIGNAL = {"0.5": "p50", "0.95": "p95", "0.99": "p99"}
 _GAUGES = {
     "gpu_memory_temperature_celsius": ("mem_temp", "last"),
@@ -181,6 +191,7 @@ WATCHED_METRICS: tuple[str, ...] = (
     "workload_requests_total",
     "hbmwatch_target_up",
     "hbmwatch_scrape_dropped_total",
+    *RAW_METRICS,
 )
 
 #: Every signal a frame can carry, in a fixed order (the builder's signal codes).

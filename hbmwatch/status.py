@@ -91,7 +91,7 @@ def snapshot_from_frame(frame: Any) -> FleetSnapshot:
                 labels = {**gpu_labels[row], "sku": sku.name, "sensor": sensor}
                 snap.thermal_margin.append(LabelledValue(labels, getattr(sku, limit_field) - value))
         for detector, scores in frame.scores.items():
-            if scores.shape[0] != len(gpu_labels):
+            if scores.shape[0] != len(gpu_labels) or detector == "series":  # user series' rows
                 continue
             for row, value in enumerate(_last_finite(scores).tolist()):
                 if math.isfinite(value):

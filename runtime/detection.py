@@ -21,7 +21,7 @@ from hbmwatch import log
 from hbmwatch.detectors.base import Detector
 from hbmwatch.detectors.frame import Frame
 from hbmwatch.detectors.frame_builder import FrameBuilder
-from hbmwatch.detectors.signals import WATCHED_METRICS, route
+from hbmwatch.detectors.signals import WATCHED_METRICS, reads
 from hbmwatch.records import Finding, SeriesKey
 from hbmwatch.sharding import Shard
 from hbmwatch.store.feed import RecentSamples, SampleBlock
@@ -127,7 +127,7 @@ class DetectionRunner:
 
     def routed(self, key: SeriesKey) -> bool:
         """Whether this runner reads the series: a frame needs it and its rack is ours."""
-        return route(key) is not None and self.shard.owns(partition_key(key.label))
+        return reads(key) and self.shard.owns(partition_key(key.label))
 
     def _entity_mine(self, f: Finding) -> bool:
         """An open finding of another shard's rack is not this runner's to carry on."""

@@ -4,7 +4,10 @@ For users with a capture from their own hardware.  Two layouts are read:
 
 * **wide**: a ``timestamp`` column (Unix seconds or milliseconds, or ISO 8601) and one
   column per series, named in Prometheus notation (``gpu_memory_temperature_celsius{host=
-  "n1",gpu="0"}``) or by a bare canonical metric name (labels then come from ``--label``);
+  "n1",gpu="0"}``) or by a bare canonical metric name (labels then come from ``--label``).
+  A column whose name is no canonical metric is a **user series** (a plain
+  ``timestamp,value`` file is one), named by its header (``value`` alone: the file's stem)
+  or by ``--name``, and scored by the generic detector directly (``runtime/offline_series.py``);
 * **long** (the canonical layout): columns ``metric``, ``labels`` (``{a="1"}`` notation,
   may be empty), ``timestamp`` and ``value``.
 
@@ -12,7 +15,9 @@ The trace is replayed in time order through the same store and detection runner 
 ``hbmwatch up`` uses: each cycle writes only the samples up to its own end and then runs
 the detectors, so no verdict sees a later sample (no look-ahead).  The output is a CSV of
 per-timestamp anomaly scores (each detector's largest score over its entities, 1.0 = at
-its threshold) and the findings as JSON.
+its threshold) and the findings as JSON.  A file with canonical and user columns scores
+each through its own path and writes one table, outer-joined on the timestamp: the user
+series' scores sit at their own timestamps, the detectors' at the grid's.
 
 A short capture needs shorter detector settings than a fleet watched for days:
 ``DetectorOptions`` sets the latency and thermal warm-up and the latency holds
@@ -37,19 +42,17 @@ from hbmwatch.detectors import default_detectors
 from hbmwatch.detectors.context import Context
 from hbmwatch.metrics import METRICS
 from hbmwatch.records import Finding, Sample, SeriesKey, finding_to_dict
+from hbmwatch.runtime import offline_series as user
 from hbmwatch.runtime.detection import DetectionRunner
+from hbmwatch.runtime.offline_series import TraceError, UserSeries
 from hbmwatch.settings import StoreSettings
 from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.migrate import upgrade
 from hbmwatch.store.store import Store
-from hbmwatch.validation import HbmwatchError
 
 TIME_COLUMNS = ("timestamp", "time", "ts")
+NO_TIME = np.iinfo(np.int64).min  # a row whose timestamp is missing
 LONG_COLUMNS = {"metric", "timestamp", "value"}
-
-
-class TraceError(HbmwatchError):
-    """A trace file that cannot be read, with the file and what is wrong in it."""
 
 
 @dataclass
@@ -57,6 +60,14 @@ class Trace:
     path: Path
     samples: list[Sample]
     dropped: dict[str, int] = field(default_factory=dict)
+    #: Value columns that are no canonical metric, scored by the generic detector.
+    user: list[UserSeries] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was done to the input (sorted)
+
+    @property
+    def count(self) -> int:
+        """Samples to score: canonical ones and the user series'."""
+        return len(self.samples) + sum(len(s.t_ms) for s in self.user)
 
 
 @dataclass(frozen=True)
@@ -97,10 +108,14 @@ class ScoredFile:
     dropped: dict[str, int]
     scores: pd.DataFrame
     findings: list[Finding]
+    notes: list[str] = field(default_factory=list)
 
 
-def read_trace(path: Path, labels: Mapping[str, str] | None = None) -> Trace:
-    """Read a wide or long CSV into canonical samples; bad values are dropped and counted."""
+def read_trace(
+    path: Path, labels: Mapping[str, str] | None = None, name: str | None = None
+) -> Trace:
+    """Read a wide or long CSV into canonical samples and user series; bad values are
+    dropped and counted.  ``name``: the one user series' name (``--name``)."""
     try:
         frame = pd.read_csv(path)
     except (OSError, ValueError) as exc:
@@ -123,16 +138,31 @@ def read_trace(path: Path, labels: Mapping[str, str] | None = None) -> Trace:
         )
     times = _timestamps(path, frame[time_col])
     keys, all_times, all_values = [], [], []
+    dropped: dict[str, int] = {}
+    notes: list[str] = []
+    users = []
     for col in frame.columns:
         if col == time_col:
             continue
-        key = _key(path, str(col), labels)
+        key = _key(path, str(col), labels, user_ok=True)
+        if key is None:
+            users.append(
+                user.user_series(path, str(col), times, frame[col], labels, dropped, notes)
+            )
+            continue
         keys += [key] * len(frame)
         all_times.append(times)
         all_values.append(pd.to_numeric(frame[col], errors="coerce").to_numpy(float))
-    if not keys:
+    if not keys and not users:
         raise TraceError(f"{path}: no value columns beside {time_col!r}", path=str(path))
-    return _samples(path, keys, np.concatenate(all_times), np.concatenate(all_values))
+    users = user.rename(path, users, name)
+    if not keys:
+        return Trace(path, [], dropped, users, notes)
+    trace = _samples(path, keys, np.concatenate(all_times), np.concatenate(all_values))
+    for reason, n in dropped.items():
+        trace.dropped[reason] = trace.dropped.get(reason, 0) + n
+    trace.user, trace.notes = users, notes
+    return trace
 
 
 def _labels_column(frame: pd.DataFrame, columns: Mapping[str, str]) -> list[Any]:
@@ -141,11 +171,19 @@ def _labels_column(frame: pd.DataFrame, columns: Mapping[str, str]) -> list[Any]
     return [v if isinstance(v, str) else "" for v in frame[columns["labels"]]]
 
 
-def _key(path: Path, text: str, labels: Mapping[str, str] | None) -> SeriesKey:
+def _key(
+    path: Path, text: str, labels: Mapping[str, str] | None, user_ok: bool = False
+) -> SeriesKey | None:
+    """The canonical series a column or row names; None for a user series (``user_ok``: a
+    wide column whose name is no canonical metric, or no series notation at all)."""
     try:
         ref = parse_series(text.strip())
     except MalformedLine as exc:
+        if user_ok and "{" not in text:
+            return None
         raise TraceError(f"{path}: column or series {text!r}: {exc}", path=str(path)) from exc
+    if ref.name not in METRICS and user_ok:
+        return None
     if ref.name not in METRICS:
         raise TraceError(
             f"{path}: {ref.name!r} is not a canonical metric (see docs/metrics.md); rename the "
@@ -158,21 +196,30 @@ def _key(path: Path, text: str, labels: Mapping[str, str] | None) -> SeriesKey:
 
 
 def _timestamps(path: Path, column: pd.Series) -> np.ndarray:
-    """Milliseconds since the epoch from Unix seconds, milliseconds or ISO 8601 text."""
+    """Milliseconds since the epoch from Unix seconds, milliseconds or ISO 8601 text; a
+    missing timestamp is ``NO_TIME`` (its row is dropped and counted as ``no_timestamp``)."""
     numeric = pd.to_numeric(column, errors="coerce")
-    if numeric.notna().all():
+    if numeric[column.notna()].notna().all():
         values = numeric.to_numpy(float)
-        return np.round(np.where(values > 1e11, values, values * 1000)).astype(np.int64)
+        ms = np.round(np.where(values > 1e11, values, values * 1000))
+        return np.where(np.isnan(ms), float(NO_TIME), ms).astype(np.int64)
     try:
         parsed = pd.to_datetime(column, utc=True, format="ISO8601")
     except (ValueError, TypeError) as exc:
-        raise TraceError(f"{path}: timestamps are neither numbers nor ISO 8601: {exc}") from exc
-    return parsed.dt.as_unit("ms").astype("int64").to_numpy(np.int64)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TraceError(f"{path}: timestamps are neither numbers nor ISO 8601: {first}",
+                         path=str(path)) from exc  # fmt: skip
+    ms = parsed.dt.as_unit("ms").astype("int64").to_numpy(np.int64)
+    return np.where(parsed.isna().to_numpy(), NO_TIME, ms)
 
 
 def _samples(path: Path, keys: list[SeriesKey], times: np.ndarray, values: np.ndarray) -> Trace:
+    timed = times != NO_TIME
     finite = np.isfinite(values)
-    dropped = {"non_finite": int((~finite).sum())} if (~finite).any() else {}
+    dropped = {"non_finite": int((timed & ~finite).sum())} if (timed & ~finite).any() else {}
+    if not timed.all():
+        dropped["no_timestamp"] = int((~timed).sum())
+    finite &= timed
     order = np.argsort(times, kind="stable")
     samples = [
         Sample(keys[i], int(times[i]), float(values[i])) for i in order.tolist() if finite[i]
@@ -189,7 +236,14 @@ def merge_traces(traces: list[Trace]) -> Trace:
     for t in traces:
         for reason, n in t.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + n
-    return Trace(traces[0].path, samples, dropped)
+    users = [s for t in traces for s in t.user]
+    keys = [s.key for s in users]
+    if len(set(keys)) < len(keys):
+        path = str(traces[0].path)
+        raise TraceError(f"{path}: --merge: two files name one user series; rename a column "
+                          "or score the files apart", path=path)  # fmt: skip
+    notes = [n for t in traces for n in t.notes]
+    return Trace(traces[0].path, samples, dropped, users, notes)
 
 
 def score_trace(
@@ -201,7 +255,33 @@ def score_trace(
     progress: Callable[[float], None] | None = None,
     options: DetectorOptions | None = None,
 ) -> ScoredFile:
-    """Replay a trace cycle by cycle through a scratch store and the detectors."""
+    """Replay a trace cycle by cycle through a scratch store and the detectors; its user
+    series through the generic detector directly; one table of scores."""
+    user_scores, user_found = (
+        user.score_user_series(trace.user) if trace.user else (pd.DataFrame(), [])
+    )
+    if not trace.samples:
+        if progress is not None:
+            progress(1.0)
+        n = trace.count
+        return ScoredFile(trace.path, n, trace.dropped, user_scores, user_found, trace.notes)
+    result = _score_canonical(trace, step_seconds, cycle_seconds, workdir, progress, options)
+    result.scores = user.join_scores(result.scores, user_scores)
+    result.findings += user_found
+    result.samples += sum(len(s.t_ms) for s in trace.user)
+    result.notes = trace.notes
+    return result
+
+
+def _score_canonical(
+    trace: Trace,
+    step_seconds: float,
+    cycle_seconds: float,
+    workdir: Path | None,
+    progress: Callable[[float], None] | None,
+    options: DetectorOptions | None,
+) -> ScoredFile:
+    """The canonical samples, cycle by cycle, through a scratch store and the detectors."""
     times = np.array([s.timestamp_ms for s in trace.samples], dtype=np.int64)
     now = {"ms": int(times[0])}
     with tempfile.TemporaryDirectory(dir=workdir, prefix="hbmwatch-score-") as tmp:
@@ -266,6 +346,7 @@ def write_outputs(result: ScoredFile, out_dir: Path) -> tuple[Path, Path]:
         "file": str(result.path),
         "samples": result.samples,
         "dropped": result.dropped,
+        "notes": result.notes,
         "findings": [finding_to_dict(f) for f in result.findings],
     }
     findings_path.write_text(json.dumps(doc, indent=2, default=_jsonable) + "\n")

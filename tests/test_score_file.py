@@ -76,7 +76,7 @@ def test_long_layout_with_labels_and_iso_times(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("when,gpu_power_watts\n1,2\n", "no time column"),
-        ("timestamp,hbm_temp\n1,2\n", "'hbm_temp' is not a canonical metric"),
+        ("metric,timestamp,value\nhbm_temp,1,2\n", "'hbm_temp' is not a canonical metric"),
         ("timestamp,gpu_power_watts{host=\n1,2\n", "gpu_power_watts{host="),
         ("timestamp,gpu_power_watts\n1,nan\n", "no finite values"),
         ("timestamp,gpu_power_watts\nyesterday,1\n", "neither numbers nor ISO 8601"),
@@ -87,6 +87,15 @@ def test_bad_files_name_the_problem(tmp_path: Path, text: str, message: str) -> 
     path.write_text(text)
     with pytest.raises(TraceError, match=message.replace("{", r"\{").replace("(", r"\(")):
         read_trace(path)
+
+
+def test_a_column_that_is_no_canonical_metric_is_a_user_series(tmp_path: Path) -> None:
+    """Once refused ('hbm_temp' is not a canonical metric): now the generic detector's."""
+    path = tmp_path / "bad.csv"
+    path.write_text("timestamp,hbm_temp\n1,2\n")
+    trace = read_trace(path)
+    assert trace.samples == [] and [s.name for s in trace.user] == ["hbm_temp"]
+    assert trace.user[0].labels == {"series": "hbm_temp"}
 
 
 def test_cli_writes_scores_and_findings(tmp_path: Path) -> None:

@@ -18,6 +18,23 @@ labels = { service = "job" }
 Target labels (cluster, rack, host, service ...) apply on top; the store checks the result
 against the canonical model, so a mapping to an unknown metric or label is refused there,
 by name.  Families the file does not name are dropped as ``unmapped``.
+
+Any other series (a queue depth, a request rate, a job's loss) maps to
+``user_series_value``, named by its ``series`` label: fixed, or from a page label (one
+series per value of it).  The generic detector (``detectors/generic.py``) scores each
+such series sample by sample and raises a ``series_anomaly`` when it leaves its learned
+level, trend or daily shape:
+
+```toml
+[[metric]]
+source = "app_queue_depth"
+metric = "user_series_value"
+static = { series = "queue_depth" }     # one series
+[[metric]]
+source = "app_errors"
+metric = "user_series_value"
+labels = { series = "kind" }            # app_errors{kind="timeouts"}: series "timeouts"
+```
 """
 
 from __future__ import annotations
