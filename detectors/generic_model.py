@@ -22,8 +22,8 @@ Per sample, in the series' own units and cadence (nothing here is in seconds or 
 The score is the Gaussian tail of that judgement on a log scale, ``d = -log10(tail)``,
 squashed into [0, 1) as ``d / (d + 5)`` (0.5 is a 1-in-100,000 surprise for this series,
 0.7 one in 10^11.7) and damped where the surprise is no larger than the recent largest;
-the score never saturates, so the largest surprises still rank.  ``alert_score`` (0.7) is
-where a sample is called anomalous.
+the score never saturates, so the largest surprises still rank.  ``alert_score`` (0.6) is
+where a sample is called anomalous; the ``refractory`` samples after it score 0.
 """
 
 from __future__ import annotations
@@ -62,6 +62,9 @@ class SeriesConfig:
     record_power: float = 2.0
     seasonal_min_days: float = 1.0
     seasonal_max_step_s: float = 1_800.0
+    #: Samples after an alert onset whose scores read 0: one anomaly is news once (NAB
+    #: counts a window's first detection and charges every later one outside it).
+    refractory: int = 50
 
 
 class SeriesModel:
@@ -79,9 +82,9 @@ class SeriesModel:
     True
     """
 
-    # Where a sample is called anomalous: NAB's optimiser put its one threshold at 0.71 on
-    # the development half (docs/detection.md), and Gaussian noise stays below 0.6.
-    alert_score: float = 0.7
+    # Where a sample is called anomalous, and a refractory period starts: chosen with the
+    # refractory on NAB's development half (docs/detection.md); Gaussian noise stays below it.
+    alert_score: float = 0.6
 
     def __init__(self, config: SeriesConfig | None = None) -> None:
         c = self.config = config or SeriesConfig()
@@ -94,7 +97,7 @@ class SeriesModel:
         self.down = Cusum(k=c.cusum_k)
         self.table = EntityTable(
             {"n_": 0.0, "last_ms_": np.nan, "step_s_": np.nan, "mean_": 0.0, "spread_": 0.0,
-             "short_": 0.0, "s_mean_": 0.0, "s_var_": 0.0, "record_": 0.0}
+             "short_": 0.0, "s_mean_": 0.0, "s_var_": 0.0, "record_": 0.0, "quiet_": 0.0}
         )  # fmt: skip
 
     def rows(self, keys: Sequence[str]) -> np.ndarray:
@@ -121,7 +124,7 @@ class SeriesModel:
         shift = np.fmax(up, down) >= self.config.cusum_h
         surprise = np.fmax(np.abs(np.nan_to_num(z)), np.fmax(up, down) / self.config.cusum_h * 4)
         surprise = np.fmin(surprise, self.config.surprise_cap)
-        score = self._judge(s, surprise, ok)
+        score = self._refractory(s, self._judge(s, surprise, ok), ok)
         self._learn(rows, s, x, xa, (t_ms, t_int), clock, floor, ok, shift)
         return np.where(ok, score, np.nan)
 
@@ -130,6 +133,17 @@ class SeriesModel:
         c = self.config
         rel = np.fmax(c.floor_spread * s["spread_"], c.floor_level * np.abs(s["mean_"]))
         return np.fmax(rel, 1e-9)
+
+    def _refractory(
+        self, s: dict[str, np.ndarray], score: np.ndarray, ok: np.ndarray
+    ) -> np.ndarray:
+        """0 for ``refractory`` samples after a score reached ``alert_score``."""
+        quiet = s["quiet_"]
+        hushed = quiet > 0
+        onset = ok & ~hushed & (score >= self.alert_score)
+        left = np.where(onset, float(self.config.refractory), np.fmax(quiet - 1.0, 0.0))
+        s["quiet_"] = np.where(ok, left, quiet)
+        return np.where(hushed, 0.0, score)  # type: ignore[no-any-return]
 
     def _judge(self, s: dict[str, np.ndarray], surprise: np.ndarray, ok: np.ndarray) -> np.ndarray:
         """Surprise against this series' own history of surprise -> score in [0, 1]."""

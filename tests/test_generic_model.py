@@ -84,6 +84,19 @@ def test_a_spike_alerts_and_noise_does_not() -> None:
     assert (np.delete(s, 900) < SeriesModel.alert_score).all()
 
 
+def test_an_alert_onset_starts_a_refractory_period() -> None:
+    """Two spikes 20 samples apart are one piece of news; one 80 samples later is another."""
+    x = _noisy(1200)
+    x[[900, 920, 1000]] += 15
+    s = score_series(_times(1200), x)
+    quiet = SeriesConfig().refractory
+    assert s[900] >= SeriesModel.alert_score
+    assert (s[901 : 901 + quiet] == 0.0).all()
+    assert s[1000] >= SeriesModel.alert_score
+    without = score_series(_times(1200), x, SeriesModel(SeriesConfig(refractory=0)))
+    assert without[920] > 0.0 and (without[901 : 901 + quiet] > 0).any()
+
+
 def test_a_level_shift_alerts_at_the_shift_then_becomes_normal() -> None:
     x = _noisy(1500)
     x[1000:] += 10
