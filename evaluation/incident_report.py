@@ -96,6 +96,8 @@ class IncidentReport(CheckedReport):
     pods_named: float | None = None  # of faults whose incident must name their pods
     moves_quiet: float | None = None  # of pod moves
     moves: list[MoveOutcome] | None = None
+    #: Each unexplained page: run, time, its new alerts' labels.
+    unexplained: list[dict[str, Any]] | None = None
 
     def rows(self) -> list[tuple[str, ...]]:
         """Per scenario and kind, per kind ("all", with its check), then the overall lines;
@@ -176,6 +178,7 @@ def score_incidents(results: Sequence[PagedRunLike]) -> IncidentReport:
         faults=outs, pods_named=mean([bool(o.pods_named) for o in outs
                                       if o.pods_named is not None]),
         moves_quiet=mean([m.quiet for m in moves]), moves=moves,
+        unexplained=[d for s in scored for d in s.unexplained_detail],
     )  # fmt: skip
     report.checks = _checks(report)
     return report

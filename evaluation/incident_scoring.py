@@ -151,6 +151,8 @@ class RunIncidents:
     unexplained_incidents: list[str]  # their ids
     healthy_gpu_hours: float
     moves: list[MoveOutcome] = field(default_factory=list)
+    #: Each unexplained page: the run, when, and its new alerts' labels (what to look at).
+    unexplained_detail: list[dict[str, Any]] = field(default_factory=list)
 
 
 # -- reading the record ---------------------------------------------------------------------
@@ -309,11 +311,16 @@ def score_run(run: PagedRunLike) -> RunIncidents:
             text = paged_pods(first, t)
             out.pods_named = all(pod in text for pod in out.pods_expected)
         outcomes.append(out)
+    unexplained = [p for p in paged if not any(explains(a, t) for a in p.new for t in truths)]
     return RunIncidents(
         outcomes=outcomes,
         pages=len(paged),
-        unexplained_pages=[p.at_s for p in paged
-                           if not any(explains(a, t) for a in p.new for t in truths)],
+        unexplained_pages=[p.at_s for p in unexplained],
+        unexplained_detail=[
+            {"scenario": run.scenario, "seed": run.seed, "at_s": p.at_s,
+             "alerts": [dict(a.labels) for a in p.new]}
+            for p in unexplained
+        ],
         incidents=len(record.incidents),
         unexplained_incidents=sorted(
             i for i, versions in record.incidents.items()
