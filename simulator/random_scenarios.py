@@ -89,7 +89,7 @@ RELATIVE_MAGNITUDE: dict[FaultKind, tuple[float, float] | None] = {
 #: development runs (seeds 100-199, 58 draws, 19 of them picked at or above a limit): 33 of
 #: the 35 faults above these were found (one incident, paged, top cause right), every kind
 #: at least once; the two others, a coolant fault and a fabric fault overlapping it on
-#: its rack, were merged into one incident (misses/random-120-007.toml: grouping).  Below
+#: its rack, were merged into one incident (docs/eval-misses/random-120-007.toml: grouping).  Below
 #: them a power cap of 0.34-0.55x (its cut only bites under heavy load) and 16-74 s noisy
 #: neighbours were missed, while many 20-45 s faults of other kinds were found: the limits
 #: are conservative, the 0.5 crossings say where detection really stops.  Durations leave
