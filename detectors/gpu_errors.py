@@ -28,8 +28,10 @@ from hbmwatch.records import Finding
 #: since when health has read pass after the last fatal event (NaN: not so).
 FIELDS = {
     "fatal_ms_": np.nan, "reset_ms_": np.nan, "benign_ms_": np.nan,
-    "remap_failed_": np.nan, "health_": np.nan, "ok_since_ms_": np.nan,
+    "remap_failed_": np.nan, "health_": np.nan, "ok_since_ms_": np.nan, "seen_ms_": np.nan,
 }  # fmt: skip
+#: A GPU's own gauges: while none arrives after a fatal code, the GPU is still off the bus.
+ALIVE_SIGNALS = ("power", "hot_temp", "mem_temp")
 CLASSES = (("fatal", "err_fatal"), ("reset", "err_reset"), ("benign", "err_benign"))
 
 
@@ -38,9 +40,10 @@ class GpuErrors:
     a failed row remap, a failed health verdict, or a storm of benign codes.
 
     * **critical**: a ``fatal`` code (held ``fatal_hold_s`` after its last event, since a GPU
-      off the bus reports nothing more, or until health has read pass for ``recover_s``
-      after it), a ``needs_reset`` code (held ``hold_s`` after its last event), a failed
-      row remap or a health verdict of fail (each while it reads so);
+      off the bus reports nothing more, and beyond that for as long as the GPU, once seen,
+      has sent none of its own gauges for ``silent_s``; closed early once health has read
+      pass for ``recover_s`` after it), a ``needs_reset`` code (held ``hold_s`` after its
+      last event), a failed row remap or a health verdict of fail (each while it reads so);
     * **warning**: ``storm_events`` or more ``benign`` (or unknown) events within
       ``storm_window_s`` (default 10 in 5 min); held until none came for ``hold_s``.  One
       crash-looping pod gives about 5 application XIDs in its first 5 minutes under
@@ -72,12 +75,14 @@ class GpuErrors:
         hold_s: float = 600.0,
         fatal_hold_s: float = 1800.0,
         recover_s: float = 300.0,
+        silent_s: float = 60.0,
     ) -> None:
         self.storm_events = storm_events
         self.storm_window_s = storm_window_s
         self.hold_s = hold_s
         self.fatal_hold_s = fatal_hold_s
         self.recover_s = recover_s
+        self.silent_s = silent_s
         self._init_state()
 
     def _init_state(self) -> None:
@@ -93,7 +98,8 @@ class GpuErrors:
     def _check(self) -> None:
         if self.storm_events < 1:
             raise ValueError("storm_events must be at least 1")
-        if min(self.storm_window_s, self.hold_s, self.fatal_hold_s, self.recover_s) <= 0:
+        if min(self.storm_window_s, self.hold_s, self.fatal_hold_s, self.recover_s,
+               self.silent_s) <= 0:  # fmt: skip
             raise ValueError("durations must be positive")
 
     # -- the update -------------------------------------------------------------------------
@@ -104,6 +110,7 @@ class GpuErrors:
         keys = frame.gpus.keys
         rows = self.gpus_.rows(keys)
         times = frame.times_ms.astype(float)
+        self._seen(frame, rows, times)
         busy = self._events(frame, rows, times)
         busy |= self._verdicts(frame, rows, times)
         self._learn_codes(frame)
@@ -112,6 +119,16 @@ class GpuErrors:
         out = [f for key in sorted(visit) if (f := self._decide(frame, key, t_ms)) is not None]
         self._forget(t_ms)
         return out
+
+    def _seen(self, frame: Frame, rows: np.ndarray, times: np.ndarray) -> None:
+        """When each GPU last sent one of its own gauges (a GPU off the bus sends none)."""
+        for signal in ALIVE_SIGNALS:
+            if signal in frame.gpu:
+                got = ~np.isnan(frame.gpu[signal])
+                last = np.where(got, times, -np.inf).max(axis=1)
+                has = got.any(axis=1)
+                col = self.gpus_["seen_ms_"]
+                col[rows[has]] = np.fmax(col[rows[has]], last[has])
 
     def _events(self, frame: Frame, rows: np.ndarray, times: np.ndarray) -> np.ndarray:
         """Last event time per class; benign events into the storm window. Busy GPUs."""
@@ -176,7 +193,10 @@ class GpuErrors:
         """What holds on a GPU now, from its state."""
         row = self.gpus_.index[key]
         g = {f: float(self.gpus_[f][row]) for f in FIELDS}
-        fatal = not np.isnan(g["fatal_ms_"]) and t_ms - g["fatal_ms_"] < self.fatal_hold_s * 1e3
+        silent = t_ms - g["seen_ms_"] >= self.silent_s * 1000  # NaN (never seen): False
+        fatal = not np.isnan(g["fatal_ms_"]) and (
+            t_ms - g["fatal_ms_"] < self.fatal_hold_s * 1e3 or silent
+        )
         if fatal and t_ms - g["ok_since_ms_"] >= self.recover_s * 1000:  # NaN compares false
             fatal = False
         reset = not np.isnan(g["reset_ms_"]) and t_ms - g["reset_ms_"] < self.hold_s * 1000

@@ -68,6 +68,20 @@ def test_fatal_code_pages_names_the_code_and_holds_while_the_gpu_stays_silent() 
     assert len(closing) == 1 and closing[0].id == f.id and "XID 79" in closing[0].summary
 
 
+def test_fatal_holds_past_its_hold_while_the_gpu_sends_none_of_its_gauges() -> None:
+    """A GPU off the bus for 45 minutes is one finding, not one that closes at 30 minutes
+    while the GPU is still gone; it closes once the GPU reports again and the hold is over."""
+    det = GpuErrors()
+    assert det.update(frame(0, power=[300.0] * STEP)) == []
+    (opened,) = det.update(with_codes(frame(60, power=[300.0] * 10, err_fatal=[0, 0, 1]),
+                                      xid_79=1))  # fmt: skip
+    gone = run(det, [frame(60 * m) for m in range(2, 47)])
+    assert all(len(x) == 1 and x[0].ended_ms is None for x in gone)
+    back = run(det, [frame(60 * m, power=[250.0] * STEP) for m in range(47, 49)])
+    closing = [x for xs in back for x in xs if x.ended_ms is not None]
+    assert len(closing) == 1 and closing[0].id == opened.id
+
+
 def test_fatal_closes_early_once_health_passes_after_the_event() -> None:
     det = GpuErrors(recover_s=120)
     # Health read pass before the event: that does not count as recovered.
