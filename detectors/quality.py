@@ -288,7 +288,7 @@ class DataQuality(SensorChecks, TargetChecks):
             report = self._resets_report(frame, ekey, t_ms)
         entity = report.entity
         entity["check"] = check
-        report = explained(report, check, frame.open_findings)
+        report = explained(report, check, frame.open_findings, ep.extra)
         return make_finding(
             kind=FindingKind.DATA_QUALITY, detector=self.name, entity=entity,
             severity=report.severity, summary=report.summary, started_ms=ep.started_ms,

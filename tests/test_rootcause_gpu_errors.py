@@ -185,6 +185,21 @@ def test_sentinels_and_gaps_of_a_gpu_off_the_bus_are_explained_not_paged() -> No
                for x in with_xid)  # fmt: skip
 
 
+def test_sentinels_that_outlast_the_gpu_error_stay_explained_to_their_end() -> None:
+    """The GPU comes back and its error closes; the exporter's sentinels stop a scrape later.
+    That tail is the same outage: it stays at info, not a page of its own."""
+    quality = DataQuality()
+    quality.update(_dq_frame(0, up=True))
+    out = []
+    for i in range(6):
+        f = _dq_frame(60 + 60 * i, up=False)
+        f.open_findings = [gpu_error(0)] if i < 4 else []  # the error closed at minute 5
+        out += quality.update(f)
+    tail = [x for x in out if x.updated_ms >= 300_000]
+    assert tail and all(x.severity is Severity.INFO for x in tail)
+    assert all("explained by XID 79" in x.summary for x in tail)
+
+
 def test_the_incident_of_a_gpu_off_the_bus_keeps_the_xid_as_its_cause() -> None:
     e = AlertEngine(AlertSettings())
     quality = DataQuality()
