@@ -2,14 +2,16 @@
 
 Every detection process writes its findings to the store; every candidate (``hbmwatch
 detect`` or ``up`` with alerting on) tries the leader lock (``store/leader.py``) every
-``POLL_SECONDS``.  The winner loads the alerting state from the store, then feeds
-``Alerting.process`` with the findings any process stated since its cursor (re-reading an
-``OVERLAP_MS`` window, as a shard may write a cycle late, and skipping the statements it
-already took) and runs the dispatcher.  When the leader dies its lock goes with its
-connection; the next candidate resumes from the saved cursor.  What the dead leader sent
-but had not yet recorded is sent again: Alertmanager de-duplicates it (the same labels are
-the same alert), so on-call is paged once.  A webhook receiver has no such de-duplication:
-behind a leader change it may get a notification twice (docs/scale.md).
+``POLL_SECONDS``, its first try ``STANDBY_SECONDS`` after it starts (a leader restarted at
+once must not win the lock back from the candidates already standing).  The winner loads
+the alerting state from the store, then feeds ``Alerting.process`` with the findings any
+process stated since its cursor (re-reading an ``OVERLAP_MS`` window, as a shard may write
+a cycle late, and skipping the statements it already took) and runs the dispatcher.  When
+the leader dies its lock goes with its connection; the next candidate resumes from the
+saved cursor.  What the dead leader sent but had not yet recorded is sent again:
+Alertmanager de-duplicates it (the same labels are the same alert), so on-call is paged
+once.  A webhook receiver has no such de-duplication: behind a leader change it may get a
+notification twice (docs/scale.md).
 """
 
 from __future__ import annotations
@@ -24,10 +26,17 @@ from hbmwatch import log
 from hbmwatch.alerts.runner import Alerting
 from hbmwatch.records import Finding
 from hbmwatch.settings import Settings
-from hbmwatch.store.leader import LeaderLock, leader_lock
+from hbmwatch.store.leader import LeaderLock, OnlyProcess, leader_lock
 from hbmwatch.store.store import Store, StoreUnavailable
 
 POLL_SECONDS = 2.0
+#: A candidate that just started waits this long before its first try, so every candidate
+#: already standing (trying every ``POLL_SECONDS``) tries at least twice first.  The lock
+#: is free the moment its holder dies; without the wait, a leader restarted by its
+#: supervisor could win it back before the survivors' next poll: leadership would return
+#: to the process that just failed (a crash loop leads again each time), and each change
+#: of leader is a window for a duplicate webhook page.
+STANDBY_SECONDS = 3 * POLL_SECONDS
 FEED_SECONDS = 1.0
 OVERLAP_MS = 600_000
 CURSOR_STATE = "alerts:leader:findings_ms"
@@ -93,7 +102,10 @@ class AlertLeader:
         self._led = 0
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Try the lock every ``POLL_SECONDS``; lead while it holds."""
+        """Stand by ``STANDBY_SECONDS``, then try the lock every ``POLL_SECONDS``; lead while
+        it holds.  On SQLite the one process has no one to stand by for."""
+        if not isinstance(self.lock, OnlyProcess):
+            await _pause(stop, STANDBY_SECONDS)
         while not stop.is_set():
             try:
                 won = await asyncio.to_thread(self.lock.try_acquire)
@@ -102,8 +114,7 @@ class AlertLeader:
                 won = False
             if won:
                 await self._lead(stop)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), POLL_SECONDS)
+            await _pause(stop, POLL_SECONDS)
         await asyncio.to_thread(self.lock.release)
 
     async def _lead(self, stop: asyncio.Event) -> None:
@@ -149,3 +160,9 @@ class AlertLeader:
         if findings:
             await asyncio.to_thread(alerting.process, findings)
         await asyncio.to_thread(feed.taken, findings)
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    """Wait ``seconds``, or less if ``stop`` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

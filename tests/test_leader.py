@@ -11,12 +11,14 @@ same alert to Alertmanager, which does not notify it again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -29,13 +31,14 @@ from sqlalchemy import text
 
 from hbmwatch.detectors.base import make_finding
 from hbmwatch.records import Finding, Severity
-from hbmwatch.runtime.leader import FindingFeed
-from hbmwatch.settings import StoreSettings
+from hbmwatch.runtime import leader
+from hbmwatch.runtime.leader import AlertLeader, FindingFeed
+from hbmwatch.settings import Settings, StoreSettings
 from hbmwatch.store.engine import create_store_engine
 from hbmwatch.store.findings import FindingLog
 from hbmwatch.store.leader import AdvisoryLock, OnlyProcess, leader_lock
 from hbmwatch.store.migrate import upgrade
-from hbmwatch.store.store import open_store
+from hbmwatch.store.store import Store, open_store
 from tests.alertmanager import WebhookSink, free_port, running_alertmanager
 
 TAKEOVER_S = 30.0
@@ -239,3 +242,109 @@ def test_feed_hands_each_statement_over_once(tmp_path: Path) -> None:
 def test_sqlite_process_leads_alone() -> None:
     lock = leader_lock("sqlite:///x.db")
     assert isinstance(lock, OnlyProcess) and lock.try_acquire() and lock.held()
+
+
+class Election:
+    """The advisory lock in memory: whoever tries first while it is free holds it."""
+
+    def __init__(self, holder: str | None = None) -> None:
+        self.holder = holder
+        self.tries: list[str] = []
+        self._mutex = threading.Lock()
+
+    def seat(self, name: str) -> Seat:
+        return Seat(self, name)
+
+    def try_acquire(self, name: str) -> bool:
+        with self._mutex:
+            self.tries.append(name)
+            if self.holder is None:
+                self.holder = name
+            return self.holder == name
+
+
+@dataclasses.dataclass
+class Seat:
+    """One candidate's ``LeaderLock`` in an ``Election``."""
+
+    election: Election
+    name: str
+
+    def try_acquire(self) -> bool:
+        return self.election.try_acquire(self.name)
+
+    def held(self) -> bool:
+        return self.election.holder == self.name
+
+    def release(self) -> None:
+        if self.held():
+            self.election.holder = None
+
+
+def _sqlite_store(tmp_path: Path) -> tuple[Store, Settings]:
+    url = f"sqlite:///{tmp_path / 'leader.db'}"
+    engine = create_store_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    settings = Settings(store=StoreSettings(url=url))
+    return open_store(settings.store), settings
+
+
+async def _until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def test_a_restarted_leader_does_not_win_the_lock_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader dies and is started again at once, just after the surviving candidate's
+    try: the survivor's next try, one poll later, must win, not the newcomer's first."""
+    monkeypatch.setattr(leader, "POLL_SECONDS", 0.2)
+    monkeypatch.setattr(leader, "STANDBY_SECONDS", 1.0, raising=False)
+    store, settings = _sqlite_store(tmp_path)
+    election = Election(holder="old")
+
+    async def scenario() -> str | None:
+        stop = asyncio.Event()
+        survivor = AlertLeader(store, settings, lock=election.seat("survivor"))
+        tasks = [asyncio.create_task(survivor.run(stop))]
+        await _until("the survivor's first try", lambda: "survivor" in election.tries)
+        election.holder = None  # kill -9: the old leader's session ends, the lock is free
+        restarted = AlertLeader(store, settings, lock=election.seat("restarted"))
+        tasks.append(asyncio.create_task(restarted.run(stop)))
+        await _until("a new leader", lambda: election.holder is not None)
+        new_leader = election.holder
+        stop.set()
+        await asyncio.gather(*tasks)
+        return new_leader
+
+    try:
+        assert asyncio.run(scenario()) == "survivor"
+        assert "restarted" not in election.tries  # it stood by while the survivor took over
+    finally:
+        store.close()
+
+
+def test_a_lone_sqlite_process_leads_without_standing_by(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On SQLite there is no one to yield to: the standby would only delay its pages."""
+    monkeypatch.setattr(leader, "STANDBY_SECONDS", 3600.0)
+    store, settings = _sqlite_store(tmp_path)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        alone = AlertLeader(store, settings, lock=leader_lock(settings.store.url))
+        task = asyncio.create_task(alone.run(stop))
+        await _until("the lone process leading", lambda: alone.alerting is not None)
+        stop.set()
+        await task
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.close()
