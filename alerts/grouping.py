@@ -13,7 +13,10 @@ and the place that cause is about:
   that cause's evidence series), so it joins that hardware problem's incident; one with no
   cause found is about its service, and is its own incident;
 * telemetry (``target_down``, ``sensor``) is a family of its own: it never absorbs, and is
-  never absorbed by, a thermal or latency problem.
+  never absorbed by, a thermal or latency problem;
+* a GPU's heat that its detector ranks over its rack's cooling (or the room's heat), as
+  standing out beyond what warms with it, is its own problem: a stack degraded before its
+  rack lost coolant stays one incident, and the rack's cooling another.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ WIDTH: dict[str, int] = {Cause.AMBIENT: 2, Cause.COOLING: 1}
 
 #: The families a wider heat cause explains (a rack's cooling explains its GPUs' heat).
 HEAT = frozenset({Cause.THERMAL, Cause.COOLING, Cause.AMBIENT})
+WIDER_HEAT = frozenset({Cause.COOLING, Cause.AMBIENT})
 
 #: A finding with no ranked causes: the cause its kind stands for.
 KIND_CAUSE: dict[str, str] = {
@@ -70,6 +74,7 @@ class Problem:
     place: tuple[tuple[str, str], ...]  # (label, value), narrowest last
     rack: str = field(default="", compare=False)  # where it sits, for wider causes
     cluster: str = field(default="", compare=False)
+    own: bool = field(default=False, compare=False)  # heat ranked over a wider heat cause
 
     @property
     def scope(self) -> dict[str, str]:
@@ -83,7 +88,7 @@ class Problem:
         """Same problem, or a rack's cooling / a cluster's heat under which ``other`` sits."""
         if self == other:
             return True
-        if self.width <= other.width or other.family not in HEAT:
+        if self.width <= other.width or other.family not in HEAT or other.own:
             return False
         if self.cluster != other.cluster:
             return False
@@ -117,14 +122,15 @@ def problem_of(f: Finding) -> Problem:
         return Problem(family, with_cluster or (("fleet", "all"),), rack, cluster)
     if family == Cause.COOLING and rack:
         return Problem(family, (*with_cluster, ("rack", rack)), rack, cluster)
+    own = family == Cause.THERMAL and any(c.cause in WIDER_HEAT for c in f.causes[1:])
     if f.kind in REGRESSIONS and family == Cause.NONE:
         keys = ("service", "host", "target")
     else:
         keys = ("host", "target", "service", "rack")
     for key in keys:
         if entity.get(key):
-            return Problem(family, (*with_cluster, (key, entity[key])), rack, cluster)
-    return Problem(family, with_cluster or (("fleet", "all"),), rack, cluster)
+            return Problem(family, (*with_cluster, (key, entity[key])), rack, cluster, own)
+    return Problem(family, with_cluster or (("fleet", "all"),), rack, cluster, own)
 
 
 def _named_entity(f: Finding) -> dict[str, str]:

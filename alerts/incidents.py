@@ -162,7 +162,9 @@ class IncidentGrouping:
             if not members:
                 continue
             best, key = _widest(members), self._key(inc)
-            if best != key and _rank(best) > _rank(key):
+            if best == key and best.own != key.own:  # its heat ranked over its rack's, or not
+                self.problems[inc.id] = best
+            elif best != key and _rank(best) > _rank(key):
                 self._widen([inc], best, now, "its alerts' cause")
         opened = self._open()
         for i, older in enumerate(opened):

@@ -24,11 +24,14 @@ class RackWarming:
 
     name: str
     rack_enter_c: float
+    stack_enter_c: float
+    peer_enter_c: float
     rack_fraction: float
     rack_min_gpus: int
     rack_half_life_s: float
     racks_: EntityTable
     rack_open_: Hysteresis
+    gpu_open_: Hysteresis
 
     def _gpu_causes(
         self, frame: Frame, row: int, worst: int, rise: np.ndarray, excess: np.ndarray
@@ -39,14 +42,39 @@ class RackWarming:
         scope = self._heat_scope(cluster, rack)
         if rack_ep is not None:
             scope = self._rack_scope(rack_ep, cluster, rack)
+        stack = worst >= 2
         if scope is not None:
             cause, note = scope
+            beyond = self._beyond_rack(frame.gpus.keys[row], worst, excess)
+            if beyond is not None:  # its own heat on top of the rack's: two problems
+                where = "one HBM stack runs" if stack else "this GPU runs"
+                return [
+                    RankedCause(Cause.THERMAL, 0.7, summary=(
+                        f"{where} {beyond:.0f} C hotter than its "
+                        f"{'sibling stacks' if stack else 'rack peers'}, beyond the rack's warming"
+                    )),
+                    RankedCause(cause, 0.3, summary=note),
+                ]  # fmt: skip
             return [
                 RankedCause(cause, 0.85, summary=note),
                 RankedCause(Cause.THERMAL, 0.15, summary="this GPU runs hot with the others"),
             ]
-        where = "one HBM stack runs hotter than its siblings" if worst >= 2 else "this GPU alone"
+        where = "one HBM stack runs hotter than its siblings" if stack else "this GPU alone"
         return [RankedCause(Cause.THERMAL, 0.9, summary=f"{where}; its rack's other GPUs do not")]
+
+    def _beyond_rack(self, key: str, worst: int, excess: np.ndarray) -> float | None:
+        """How far the worst sensor stands out from what warms with it (its rack peers, or
+        its sibling stacks), when that is past its own entry threshold: a stack degraded
+        before its rack lost coolant stays its own problem.  The rack's warming lifts its
+        peers and siblings too, so it does not count here.  Decided once per episode: the
+        gap narrowing as the rack heats its siblings does not make it the rack's."""
+        gap = float(excess[worst]) if worst < len(excess) else float("nan")
+        enter = self.stack_enter_c if worst >= 2 else self.peer_enter_c
+        ep = self.gpu_open_.episodes.get(key)
+        if ep is not None and gap >= enter:
+            ep.extra["beyond_rack_c"] = max(gap, float(ep.extra.get("beyond_rack_c", gap)))
+        held = ep.extra.get("beyond_rack_c") if ep is not None else None
+        return float(held) if held is not None else (gap if gap >= enter else None)
 
     def _heat_scope(self, cluster: str, rack: str) -> tuple[Cause, str] | None:
         """``cooling`` if this rack runs hot alone, ``ambient`` if most of its cluster does.

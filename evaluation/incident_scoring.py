@@ -5,10 +5,16 @@ them and what delivery sent (``hbmwatch.evaluation.pager`` records both).  The d
 exactly (times in Unix seconds; entity matching, causes and healthy GPU-hours are those of
 ``hbmwatch.evaluation.scoring``, an alert's labels read as a finding's entity):
 
-* **Covers.** An alert covers a fault when its labels match the fault's entity, a fault of
-  that kind explains its ``kind`` label (``data_quality`` only by sensor and target-down
-  faults), and it started firing in ``[onset - 30 s, end + 60 s]``.  The incidents that
-  cover a fault are those its covering alerts joined.
+* **Covers.** An alert covers a fault when its labels match the fault's entity, its
+  ``kind`` label is one the fault is expected to raise (``expected_findings``, the rule a
+  finding detects a fault by), its place is no wider than the fault's target (a rack-wide
+  alert does not cover one GPU's fault), and it started firing in ``[onset - 30 s,
+  end + 60 s]``.
+  The incidents that cover a fault are those its covering alerts joined.  (Any kind on the
+  fault's place once covered it: a rack's cooling alert "covered" a stuck sensor or a
+  degraded stack on one of its GPUs, and a host's target-down alert an XID on one of its
+  GPUs, so two right incidents scored as one merged wrong one.  Whether a page is
+  *explained* still reads any kind, below.)
 * **One incident.** A fault has exactly one incident when one incident covers it and that
   incident covers no fault whose expected cause differs (``same_cause`` neither way): an
   incident that merges faults of different causes counts against both.
@@ -64,6 +70,7 @@ from hbmwatch.evaluation.scoring import (
     healthy_gpu_hours,
     is_thermal_cause,
     kind_explained,
+    place_width,
     same_cause,
 )
 from hbmwatch.records import Alert, Incident, RankedCause
@@ -203,7 +210,13 @@ def _about(a: Fired, truth: FaultTruth, before_s: float, after_s: float) -> bool
 
 
 def covers(a: Fired, truth: FaultTruth) -> bool:
-    return _about(a, truth, BEFORE_S, AFTER_S)
+    """An alert of a kind the fault raises, about its place or within it, in its window."""
+    kind = str(a.labels.get("kind", ""))
+    return (
+        kind in truth.fault.expected_findings
+        and place_width(a.labels) <= truth.fault.width
+        and _about(a, truth, BEFORE_S, AFTER_S)
+    )
 
 
 def explains(a: Fired, truth: FaultTruth) -> bool:

@@ -94,6 +94,8 @@ class Fault:
     services: frozenset[str] = frozenset()
     jobs: frozenset[str] = frozenset()
     pods: frozenset[str] = frozenset()  # on its GPUs during it (racks with pods only)
+    #: How wide its target is (``PLACE_WIDTH``): a GPU, a host, a rack, a cluster.
+    width: int = 3
 
     @classmethod
     def from_truth(cls, t: Mapping[str, Any]) -> Fault:
@@ -112,7 +114,17 @@ class Fault:
             services=frozenset(t.get("affected_services", [])),
             jobs=frozenset(t.get("affected_jobs", [])),
             pods=frozenset(t.get("affected_pods", [])),
+            width=place_width(t.get("target") or {}),
         )
+
+
+#: A place's width, narrowest first; a target or labels naming none is a cluster's.
+PLACE_WIDTH = (("gpu", 0), ("host", 1), ("rack", 2))
+
+
+def place_width(labels: Mapping[str, Any]) -> int:
+    """0 for a GPU, 1 a host, 2 a rack, 3 anything wider (labels or a fault's target)."""
+    return next((w for key, w in PLACE_WIDTH if labels.get(key) not in (None, "")), 3)
 
 
 def _affected_places(t: Mapping[str, Any]) -> dict[str, set[tuple[str, ...]]]:

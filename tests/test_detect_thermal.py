@@ -273,6 +273,29 @@ def test_one_rack_warming_together_is_a_cooling_finding() -> None:
     assert evidence(f, "rack_mean_rise_c") >= 1.0
 
 
+def test_a_stack_hot_before_its_rack_warms_keeps_its_own_cause() -> None:
+    """A stack degraded before its rack lost coolant stands out beyond the rack's warming:
+    its finding keeps ``thermal`` first (the rack's cooling second), while its rack-mates'
+    heat is the rack's."""
+    det = ThermalExcursions(warmup_s=WARMUP_S)
+    n, steps = 2 * PER_RACK, 840
+    rng = np.random.default_rng(21)
+    stacks = np.round(60.0 + rng.normal(0.0, 0.4, (n, MAX_STACKS, steps)))
+    mem = noisy(n, steps, seed=22)
+    stacks[2, 5, 300:] += 9.0  # GPU 2's stack 5 degrades
+    stacks[:PER_RACK, :, 480:] += 10.0  # then rack r0 loses coolant
+    mem[:PER_RACK, 480:] += 10.0
+    found = feed(det, mem, stacks=stacks)
+    last = {f.id: f for f in found}
+    stack = [f for f in last.values() if f.entity.get("gpu") == "2"]
+    assert len(stack) == 1 and stack[0].started_ms < 480_000
+    assert [c.cause for c in stack[0].causes] == [Cause.THERMAL, Cause.COOLING]
+    assert "beyond the rack's warming" in stack[0].causes[0].summary
+    mates = [f for f in last.values() if f.entity.get("rack") == "r0" and f.entity.get("gpu")
+             not in (None, "2")]  # fmt: skip
+    assert mates and all(f.top_cause == Cause.COOLING for f in mates)
+
+
 def test_both_racks_warming_together_is_an_ambient_finding() -> None:
     det = ThermalExcursions(warmup_s=WARMUP_S)
     mem = noisy(2 * PER_RACK, 480, seed=14)

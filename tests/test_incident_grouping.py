@@ -162,6 +162,30 @@ def test_a_rack_losing_coolant_is_one_incident_titled_by_its_cooling() -> None:
     assert e.incidents[inc.id].title.startswith("rack r0 (c0) cooling: HBM +38 C over 4 min")
 
 
+def test_a_stack_hot_before_its_rack_lost_coolant_stays_its_own_incident() -> None:
+    """The detector ranks the stack's own heat over the rack's cooling (it stands out
+    beyond what warms with it): two problems, two incidents, and the rack's is titled by
+    its cooling."""
+    e = engine()
+    e.apply([hot_gpu("n0", 7, 0, rise=40)], at(1))
+    (stack,) = incidents(e)
+    own = (RankedCause(Cause.THERMAL, 0.7, (), "one HBM stack runs 35 C hotter"),
+           RankedCause(Cause.COOLING, 0.3, (), "rack r0 warms alone in c0"))  # fmt: skip
+    evidence = (ev(temp("n0", 7), "rise_over_load_baseline_c", 45, 0, 300),)
+    still_own = found(FindingKind.THERMAL_EXCURSION, gpu("r0", "n0", 7), 0, own,
+                      evidence=evidence, now_s=300)  # fmt: skip
+    e.apply([still_own], at(300))
+    later = [still_own, rack_warms(290, now_s=320)]
+    later += [hot_gpu("n0", g, 300, Cause.COOLING, 10, now_s=320) for g in range(7)]
+    e.apply(later, at(320))
+    rack = next(i for i in incidents(e) if i.id != stack.id)
+    assert e.incidents[stack.id].scope == {"cluster": "c0", "host": "n0"}
+    assert e.incidents[stack.id].causes[0].cause == "thermal"
+    assert rack.scope == {"cluster": "c0", "rack": "r0"} and rack.causes[0].cause == "cooling"
+    assert stack.alerts[0] in e.incidents[stack.id].alerts
+    assert stack.alerts[0] not in rack.alerts
+
+
 def test_a_noisy_neighbour_and_a_power_cap_on_two_hosts_are_two_incidents() -> None:
     e = engine()
     e.apply([p99("chat", "a", 2, 0, Cause.CO_TENANT, ratio=3.1)], at(1))

@@ -24,10 +24,12 @@ from hbmwatch.records import (
     RankedCause,
     Severity,
 )
+from hbmwatch.simulator.scenario import FAULT_SPECS, FaultKind
 
 T0 = 1_800_000_000.0
 CAUSES = {"coolant_degradation": "cooling", "noisy_neighbour": "co_tenant",
-          "power_cap": "power_cap", "degraded_stack": "thermal"}  # fmt: skip
+          "power_cap": "power_cap", "degraded_stack": "thermal", "stuck_sensor": "sensor",
+          "xid_fatal": "gpu_error", "target_down": "target_down"}  # fmt: skip
 
 
 def fault(kind: str, gpus: list[tuple[str, str]], onset: float = 600, end: float = 1800,
@@ -35,7 +37,8 @@ def fault(kind: str, gpus: list[tuple[str, str]], onset: float = 600, end: float
     return {
         "id": f"fault-{i}", "kind": kind, "onset_unix": T0 + onset, "end_unix": T0 + end,
         "affected_gpus": [{"cluster": "c", "rack": rack, "host": h, "gpu": g} for h, g in gpus],
-        "affected_services": [], "affected_jobs": [], "expected_findings": [],
+        "affected_services": [], "affected_jobs": [],
+        "expected_findings": [str(k) for k in FAULT_SPECS[FaultKind(kind)]["findings"]],
         "expected_root_cause": CAUSES[kind],
     }  # fmt: skip
 
@@ -160,6 +163,46 @@ def test_merge_of_different_causes_counts_against_both() -> None:
     assert outs["fault-1"].top1 and not outs["fault-0"].top1
     # Two faults of one cause may share an incident.
     assert outs["fault-2"].one_incident and outs["fault-3"].one_incident
+
+
+def test_an_alert_covers_only_faults_that_raise_its_kind() -> None:
+    """A rack's cooling alert is not about a stuck sensor on one of its GPUs, nor a host's
+    target-down alert about an XID on one of its GPUs: right incidents stay right."""
+    coolant = fault("coolant_degradation", [("n1", "0"), ("n1", "1")], i=0)
+    stuck = fault("stuck_sensor", [("n1", "1")], onset=700, end=800, i=1)
+    down = fault("target_down", [("n2", "0"), ("n2", "1")], onset=900, end=950, i=2)
+    xid = fault("xid_fatal", [("n2", "1")], onset=905, end=1500, i=3)
+    run = Run(truth(coolant, stuck, down, xid))
+    run.alert("HBMRackThermalExcursion", {"rack": "r1"}, 650, "inc-cool")
+    run.alert("SensorStuck", {"rack": "r1", "host": "n1", "gpu": "1"}, 710, "inc-dq",
+              kind="data_quality")  # fmt: skip
+    run.alert("HbmwatchTargetDown", {"rack": "r1", "host": "n2"}, 910, "inc-down",
+              kind="data_quality")  # fmt: skip
+    run.alert("GPUErrors", {"rack": "r1", "host": "n2", "gpu": "1"}, 955, "inc-xid",
+              kind="gpu_errors")  # fmt: skip
+    run.incident("inc-cool", 650, "rack r1: cooling", ("cooling",))
+    run.incident("inc-dq", 710, "n1: sensor", ("sensor",))
+    run.incident("inc-down", 910, "n2: target_down", ("target_down",))
+    run.incident("inc-xid", 955, "n2: gpu_error", ("gpu_error",))
+    outs = {o.fault_id: o for o in score_run(run).outcomes}
+    assert [outs[f"fault-{i}"].incidents for i in range(4)] == [
+        ["inc-cool"], ["inc-dq"], ["inc-down"], ["inc-xid"]]  # fmt: skip
+    assert all(o.one_incident and o.top1 for o in outs.values())
+
+
+def test_a_rack_wide_alert_does_not_cover_one_gpus_fault() -> None:
+    stack = {**fault("degraded_stack", [("n1", "7")]), "target": {"host": "n1", "gpu": 7}}
+    coolant = {**fault("coolant_degradation", [("n1", "7"), ("n1", "6")], onset=900, i=1),
+               "target": {"rack": "r1"}}  # fmt: skip
+    run = Run(truth(stack, coolant))
+    run.alert("HBMThermalExcursion", {"rack": "r1", "host": "n1", "gpu": "7"}, 640, "inc-gpu")
+    run.alert("HBMRackThermalExcursion", {"rack": "r1"}, 950, "inc-rack")
+    run.alert("HBMThermalExcursion", {"rack": "r1", "host": "n1", "gpu": "6"}, 960, "inc-rack")
+    run.incident("inc-gpu", 640, "n1: thermal", ("thermal",))
+    run.incident("inc-rack", 950, "rack r1: cooling", ("cooling",))
+    outs = {o.fault_id: o for o in score_run(run).outcomes}
+    assert outs["fault-0"].incidents == ["inc-gpu"] and outs["fault-0"].one_incident
+    assert outs["fault-1"].incidents == ["inc-rack"] and outs["fault-1"].one_incident
 
 
 @pytest.mark.parametrize(("change_at", "right"), [(680, True), (700, False)])
