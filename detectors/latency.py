@@ -39,9 +39,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from hbmwatch.detectors.base import EntityTable, Episode, Hysteresis, latest
-from hbmwatch.detectors.frame import Frame
+from hbmwatch.detectors.frame import WORKLOAD_LABELS, Frame
 from hbmwatch.detectors.latency_baseline import BASELINE_FIELDS, LatencyBaseline
 from hbmwatch.detectors.latency_evidence import (
+    E2E_PHASE,
+    SERVING_PHASES,
     STEP_PHASE,
     LatencyTrace,
     Thresholds,
@@ -379,7 +381,25 @@ class LatencyRegressions:
         end: int | None = None,
     ) -> Finding:
         ep = self.open_.episodes.get(frame.workloads.keys[row]) or Episode(t_ms, t_ms)
-        return latency_finding(self.name, self.limits_, frame, trace, (row, i, t_ms), ep, end)
+        alone = self._e2e_alone(frame, row) and not ep.extra.get("served_slow")
+        if not alone and frame.workloads.labels[row].get("phase") == E2E_PHASE:
+            ep.extra["served_slow"] = True  # once corroborated, it pages to its end
+        return latency_finding(self.name, self.limits_, frame, trace, (row, i, t_ms), ep, end,
+                               e2e_alone=alone)  # fmt: skip
+
+    def _e2e_alone(self, frame: Frame, row: int) -> bool:
+        """An e2e workload whose service reports ttft or inter-token latency, none of them
+        regressing (``SERVING_PHASES``); False where there is nothing to compare with."""
+        labels = frame.workloads.labels[row]
+        if labels.get("phase") != E2E_PHASE:
+            return False
+        same = [k for k in WORKLOAD_LABELS if k != "phase"]
+        mine = [labels.get(k) for k in same]
+        siblings = [
+            key for key, lab in zip(frame.workloads.keys, frame.workloads.labels, strict=True)
+            if lab.get("phase") in SERVING_PHASES and [lab.get(k) for k in same] == mine
+        ]  # fmt: skip
+        return bool(siblings) and not any(k in self.open_.episodes for k in siblings)
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

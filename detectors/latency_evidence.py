@@ -17,6 +17,11 @@ from hbmwatch.records import Evidence, Finding, Severity
 from hbmwatch.taxonomy import FindingKind
 
 STEP_PHASE = "step"
+E2E_PHASE = "e2e"
+#: The phases that time the GPU's own work.  A request's e2e is its first token plus its
+#: output length times the time per token: an e2e p99 that rises while neither of these
+#: does is longer answers (what users asked for), not slower serving, and does not page.
+SERVING_PHASES = ("ttft", "inter_token")
 
 
 @dataclass
@@ -53,8 +58,12 @@ def latency_finding(
     at: tuple[int, int, int],
     ep: Episode,
     end: int | None = None,
+    *,
+    e2e_alone: bool = False,
 ) -> Finding:
-    """The finding of workload row ``at[0]``, stated at step ``at[1]`` (time ``at[2]``)."""
+    """The finding of workload row ``at[0]``, stated at step ``at[1]`` (time ``at[2]``);
+    ``e2e_alone``: an e2e regression whose service's ttft and inter-token p99 are steady
+    (info: see ``SERVING_PHASES``)."""
     row, i, t_ms = at
     key = frame.workloads.keys[row]
     labels = frame.workloads.labels[row]
@@ -70,6 +79,9 @@ def latency_finding(
         now = f"peaked {ep.peak:.1f}x its baseline, now {now}"
     summary = f"{what} of {key} {now}; p50 {r50:.1f}x its baseline"
     severity = Severity.CRITICAL if ep.peak >= limits.critical_ratio else Severity.WARNING
+    if e2e_alone:
+        summary += "; its ttft and inter-token p99 are steady: longer answers, not slower serving"
+        severity = Severity.INFO
     return make_finding(
         kind=FindingKind.STEP_TIME_REGRESSION if step else FindingKind.P99_REGRESSION,
         detector=detector,

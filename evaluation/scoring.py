@@ -4,6 +4,8 @@ The definitions, exactly (times in Unix seconds, a finding's ``started_ms`` / ``
 divided by 1,000):
 
 * **Entity match.** A finding is about a fault's entity when, checked in this order:
+  its ``service`` is one of the fault's ``affected_jobs`` (a training job runs on all its
+  GPUs, across hosts: its ``host`` label is only where its step time is exported);
   its entity has ``host`` and ``gpu`` and that GPU is among the fault's ``affected_gpus``;
   it has ``host`` but no ``gpu`` (a node or target) and the host is an affected GPU's;
   it has ``rack`` but no ``host`` (rack level) and the rack is an affected GPU's;
@@ -155,6 +157,8 @@ def fault_truth(t: Mapping[str, Any]) -> FaultTruth:
 def entity_matches(entity: Mapping[str, str], truth: FaultTruth) -> bool:
     """Whether a finding's entity is what the fault affected (rules in the module doc)."""
     c = str(entity.get("cluster", ""))
+    if str(entity.get("service", "")) in truth.fault.jobs:
+        return True  # a job spans hosts: its host label is where it reports, not where it runs
     host, gpu, rack = entity.get("host"), entity.get("gpu"), entity.get("rack")
     if host:
         if gpu not in (None, ""):

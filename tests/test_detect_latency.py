@@ -232,3 +232,30 @@ def test_a_long_fault_does_not_become_the_baseline() -> None:
     assert len(opened(found)) == 1 and found[-1].open
     ratio = {e.statistic: e.value for e in found[-1].evidence}["p99_over_baseline_ratio"]
     assert ratio > 2.5
+
+
+@pytest.mark.parametrize("serving_slower", [False, True])
+def test_an_e2e_rise_with_ttft_and_inter_token_steady_is_info(serving_slower: bool) -> None:
+    """e2e = first token + output length x time per token: e2e alone rising is longer
+    answers, not slower serving, and does not page; with ttft rising too it does."""
+    keys = ("chat/e2e", "chat/ttft", "chat/inter_token")
+    p99 = noisy(960, workloads=3, seed=4)
+    p99[0, 600:] *= 2.5
+    if serving_slower:
+        p99[1, 590:] *= 2.5
+    found = feed(LatencyRegressions(), p99, keys=keys)
+    e2e = [f for f in found if f.entity["phase"] == "e2e"]
+    assert e2e and e2e[-1].open
+    if serving_slower:
+        assert e2e[-1].severity in (Severity.WARNING, Severity.CRITICAL)
+        assert "longer answers" not in e2e[-1].summary
+    else:
+        assert all(f.severity is Severity.INFO for f in e2e)
+        assert e2e[-1].summary.endswith("longer answers, not slower serving")
+        assert not [f for f in found if f.entity["phase"] != "e2e"]
+
+
+def test_an_e2e_rise_with_nothing_to_compare_with_pages() -> None:
+    p99 = with_fault(noisy(960), 600, 960, 2.5)
+    found = feed(LatencyRegressions(), p99)
+    assert found and found[-1].severity is not Severity.INFO

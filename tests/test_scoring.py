@@ -216,3 +216,20 @@ def test_report_json_and_table() -> None:
     assert data["checks"]["noisy_control"] is None  # no noisy fault: no verdict
     assert report.table().row_count == len(report.rows()) == 6
     assert report.rows()[0][:3] == ("degraded_stack", "1", "100%")
+
+
+def test_a_training_jobs_regression_matches_a_fault_on_any_of_its_hosts() -> None:
+    """A job spans hosts; its step time is exported with one host's label (rank 0's):
+    a fault on another of its GPUs still explains it, and only a job it affects."""
+    from hbmwatch.evaluation.scoring import entity_matches, fault_truth
+
+    truth = fault_truth({
+        "id": "f", "kind": "fabric_link_degradation", "onset_unix": 0, "end_unix": 1,
+        "affected_gpus": [{"cluster": "c0", "rack": "r0", "host": "r0-node1", "gpu": "5"}],
+        "affected_jobs": ["train"],
+    })  # fmt: skip
+    job = {"cluster": "c0", "rack": "r0", "host": "r0-node0", "service": "train",
+           "phase": "step"}  # fmt: skip
+    assert entity_matches(job, truth)
+    assert not entity_matches({**job, "service": "other-job"}, truth)
+    assert not entity_matches({"cluster": "c0", "host": "r0-node0", "gpu": "1"}, truth)
