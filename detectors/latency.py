@@ -63,6 +63,24 @@ class _Rows(NamedTuple):
     cusum: np.ndarray
     wl: np.ndarray
     open: np.ndarray
+    #: Each e2e row's service's ttft / inter-token workloads (``SERVING_PHASES``).
+    serving: dict[int, tuple[str, ...]]
+
+
+def serving_siblings(keys: list[str], labels: list[dict[str, str]]) -> dict[int, tuple[str, ...]]:
+    """For each e2e workload row, the keys of its service's ttft and inter-token workloads
+    (same labels but the phase); rows with none are left out."""
+    same = [k for k in WORKLOAD_LABELS if k != "phase"]
+    by_service: dict[tuple[str | None, ...], list[str]] = {}
+    for key, lab in zip(keys, labels, strict=True):
+        if lab.get("phase") in SERVING_PHASES:
+            by_service.setdefault(tuple(lab.get(k) for k in same), []).append(key)
+    out = {}
+    for row, lab in enumerate(labels):
+        found = by_service.get(tuple(lab.get(k) for k in same))
+        if lab.get("phase") == E2E_PHASE and found:
+            out[row] = tuple(found)
+    return out
 
 
 class LatencyRegressions:
@@ -195,7 +213,7 @@ class LatencyRegressions:
             x = np.where(trace.win >= trace.need[:, None], x, np.nan)
             x50 = np.log(np.where(trace.p50 > 0, trace.p50, np.nan))
         dt_s = frame.step_ms / 1000.0
-        rows = self._rows_for(frame.workloads.keys)
+        rows = self._rows_for(frame.workloads.keys, frame.workloads.labels)
         base = self.base_.local(rows.base)  # the loop learns a copy, stored at the end
         cold = bool((base["seen_s_"] < self.warmup_s).any())
         self._peers = PeerLevels(peer_groups(frame), self.min_peers) if cold else None
@@ -219,12 +237,13 @@ class LatencyRegressions:
         findings += self._refresh_open(frame, trace)
         return latest(findings)
 
-    def _rows_for(self, keys: list[str]) -> _Rows:
+    def _rows_for(self, keys: list[str], labels: list[dict[str, str]]) -> _Rows:
         """The workloads' rows in each state table, kept while the workloads stay the same."""
         if self._rows is None or self._rows[0] != keys:
             rows = _Rows(
                 self.base_.rows(keys), self.season_.rows(keys), self.cusum_.rows(keys),
                 self.wl_.rows(keys), self.open_.table.rows(keys),
+                serving_siblings(keys, labels),
             )  # fmt: skip
             self._rows = (list(keys), rows)
         return self._rows[1]
@@ -381,25 +400,21 @@ class LatencyRegressions:
         end: int | None = None,
     ) -> Finding:
         ep = self.open_.episodes.get(frame.workloads.keys[row]) or Episode(t_ms, t_ms)
-        alone = self._e2e_alone(frame, row) and not ep.extra.get("served_slow")
-        if not alone and frame.workloads.labels[row].get("phase") == E2E_PHASE:
-            ep.extra["served_slow"] = True  # once corroborated, it pages to its end
+        alone = self._e2e_alone(row, ep)
         return latency_finding(self.name, self.limits_, frame, trace, (row, i, t_ms), ep, end,
                                e2e_alone=alone)  # fmt: skip
 
-    def _e2e_alone(self, frame: Frame, row: int) -> bool:
-        """An e2e workload whose service reports ttft or inter-token latency, none of them
-        regressing (``SERVING_PHASES``); False where there is nothing to compare with."""
-        labels = frame.workloads.labels[row]
-        if labels.get("phase") != E2E_PHASE:
+    def _e2e_alone(self, row: int, ep: Episode) -> bool:
+        """An e2e workload whose service's ttft and inter-token latency have not regressed
+        in this episode (``SERVING_PHASES``); False where there is nothing to compare with.
+        Once one has, the episode pages to its end."""
+        siblings = self._rows[1].serving.get(row) if self._rows is not None else None
+        if not siblings or ep.extra.get("served_slow"):
             return False
-        same = [k for k in WORKLOAD_LABELS if k != "phase"]
-        mine = [labels.get(k) for k in same]
-        siblings = [
-            key for key, lab in zip(frame.workloads.keys, frame.workloads.labels, strict=True)
-            if lab.get("phase") in SERVING_PHASES and [lab.get(k) for k in same] == mine
-        ]  # fmt: skip
-        return bool(siblings) and not any(k in self.open_.episodes for k in siblings)
+        if any(k in self.open_.episodes for k in siblings):
+            ep.extra["served_slow"] = True
+            return False
+        return True
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

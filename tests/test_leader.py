@@ -304,7 +304,7 @@ def test_a_restarted_leader_does_not_win_the_lock_back(
     """The leader dies and is started again at once, just after the surviving candidate's
     try: the survivor's next try, one poll later, must win, not the newcomer's first."""
     monkeypatch.setattr(leader, "POLL_SECONDS", 0.2)
-    monkeypatch.setattr(leader, "STANDBY_SECONDS", 1.0, raising=False)
+    monkeypatch.setattr(leader, "STANDBY_SECONDS", 3.0, raising=False)  # 15 polls of margin
     store, settings = _sqlite_store(tmp_path)
     election = Election(holder="old")
 
